@@ -1,0 +1,489 @@
+#include "api/validate.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "replayssm/runtime.hpp"
+
+namespace replayssm {
+namespace {
+
+constexpr int64_t kMaxBufferLen = 64;
+
+template <typename... Args> [[noreturn]] void fail(const Args&... args) {
+  std::ostringstream os;
+  os << "replayssm: ";
+  (os << ... << args);
+  throw InvalidArgument(os.str());
+}
+
+std::string shape_string(const TensorView& t) {
+  std::ostringstream os;
+  os << "(";
+  for (int d = 0; d < t.rank; ++d) os << (d ? ", " : "") << t.shape[d];
+  os << ")";
+  return os.str();
+}
+
+void require_defined(const TensorView& t, const char* name) {
+  if (!t.defined()) fail(name, " is required but was not given");
+}
+
+void require_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.rank != rank)
+    fail(name, " must have rank ", rank, " ", layout, ", got rank ", t.rank, " with shape ",
+         shape_string(t));
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] < 0) fail(name, ".size(", d, ")=", t.shape[d], " must not be negative");
+    if (t.strides[d] < 0) fail(name, ".stride(", d, ")=", t.strides[d], " must not be negative");
+  }
+}
+
+void require_size(const TensorView& t, const char* name, int dim, int64_t expected,
+                  const char* what) {
+  if (t.shape[dim] != expected)
+    fail(name, ".size(", dim, ")=", t.shape[dim], " must equal ", what, "=", expected);
+}
+
+void require_dtype(const TensorView& t, const char* name, DType expected, const char* what) {
+  if (t.dtype != expected)
+    fail(name, " has dtype ", dtype_name(t.dtype), " but must be ", dtype_name(expected), " (",
+         what, ")");
+}
+
+void require_float16_32(const TensorView& t, const char* name) {
+  if (t.dtype != DType::kFloat32 && t.dtype != DType::kFloat16 && t.dtype != DType::kBFloat16)
+    fail(name, " has dtype ", dtype_name(t.dtype), " but must be float32, float16 or bfloat16");
+}
+
+// The last axis must be contiguous (a size-1 axis has no meaningful stride).
+void require_last_contiguous(const TensorView& t, const char* name) {
+  const int d = t.rank - 1;
+  if (t.shape[d] > 1 && t.strides[d] != 1)
+    fail(name, ".stride(", d, ")=", t.strides[d], " must be 1 (last axis contiguous)");
+}
+
+// Axes that a per-head scalar is broadcast over must have stride 0 (or size 1).
+void require_broadcast(const TensorView& t, const char* name, int first_dim) {
+  for (int d = first_dim; d < t.rank; ++d)
+    if (t.shape[d] > 1 && t.strides[d] != 0)
+      fail(name, " must be a per-head scalar: ", name, ".stride(", d, ")=", t.strides[d],
+           " must be 0 (broadcast over size ", t.shape[d], ")");
+}
+
+// A per-head scalar given as (H), (H, P) or (H, P, N) with zero strides past the head axis.
+HeadScalar head_scalar(const TensorView& t, const char* name, int64_t nheads, int64_t head_dim,
+                       int64_t state_dim, int max_rank) {
+  if (!t.defined()) return {};
+  if (t.rank < 1 || t.rank > max_rank)
+    fail(name, " must have rank 1 (H)", max_rank >= 2 ? " or 2 (H, P)" : "",
+         max_rank >= 3 ? " or 3 (H, P, N)" : "", ", got rank ", t.rank, " with shape ",
+         shape_string(t));
+  require_rank(t, name, t.rank, "");
+  require_size(t, name, 0, nheads, "nheads");
+  if (t.rank >= 2) require_size(t, name, 1, head_dim, "head_dim");
+  if (t.rank >= 3) require_size(t, name, 2, state_dim, "state_dim");
+  require_float16_32(t, name);
+  require_broadcast(t, name, 1);
+  return HeadScalar{t.data, t.dtype, t.strides[0]};
+}
+
+bool same_device(Device a, Device b) {
+  return a.type == b.type && (a.type == DeviceType::kCpu || a.index == b.index);
+}
+
+// Every tensor of a call lives on one device, the one its backend runs on.
+class DeviceCheck {
+ public:
+  DeviceCheck(const TensorView& anchor, const char* anchor_name, Backend backend)
+      : anchor_(anchor.device), anchor_name_(anchor_name) {
+    const bool cuda = anchor.device.type == DeviceType::kCuda;
+    if (backend == Backend::kCuda && !cuda)
+      fail("the CUDA backend needs CUDA tensors, but ", anchor_name, " is on the CPU");
+    if (backend != Backend::kCuda && cuda)
+      fail("the ", backend_name(backend), " backend needs CPU tensors, but ", anchor_name,
+           " is on cuda:", anchor.device.index);
+  }
+  void operator()(const TensorView& t, const char* name) const {
+    if (t.defined() && !same_device(t.device, anchor_))
+      fail(name, " is on ", device_name(t.device.type), ":", t.device.index, " but ", anchor_name_,
+           " is on ", device_name(anchor_.type), ":", anchor_.index);
+  }
+
+ private:
+  Device anchor_;
+  const char* anchor_name_;
+};
+
+// Bytes a strided tensor may touch: [lo, lo + row_span) repeated every outer stride along dim 0.
+struct Footprint {
+  const char* name;
+  uintptr_t lo = 0, hi = 0;  // whole extent
+  int64_t outer_stride = 0;  // bytes between dim-0 entries
+  int64_t row_span = 0;      // bytes one dim-0 entry spans
+};
+
+Footprint footprint(const TensorView& t, const char* name) {
+  Footprint f{name};
+  const int64_t es = dtype_size(t.dtype);
+  if (t.numel() == 0) return f;
+  int64_t inner = 0;
+  for (int d = 1; d < t.rank; ++d) inner += (t.shape[d] - 1) * t.strides[d];
+  f.row_span = (inner + 1) * es;
+  f.outer_stride = t.rank > 0 ? t.strides[0] * es : 0;
+  const int64_t outer = t.rank > 0 ? (t.shape[0] - 1) * t.strides[0] * es : 0;
+  f.lo = reinterpret_cast<uintptr_t>(t.data);
+  f.hi = f.lo + uintptr_t(outer + f.row_span);
+  return f;
+}
+
+bool overlaps(const Footprint& a, const Footprint& b) {
+  if (a.lo == a.hi || b.lo == b.hi || a.hi <= b.lo || b.hi <= a.lo) return false;
+  // Views that interleave row by row in one buffer (x, B and C as column slices of one xBC
+  // projection) share their extents but no element: same outer stride, disjoint rows modulo it.
+  const int64_t R = a.outer_stride;
+  if (R > 0 && R == b.outer_stride && a.row_span <= R && b.row_span <= R) {
+    const int64_t diff = int64_t(b.lo) - int64_t(a.lo);
+    const int64_t offset = (diff % R + R) % R;  // where b's rows start inside a's row period
+    if (a.row_span <= offset && offset + b.row_span <= R) return false;
+  }
+  return true;
+}
+
+// Written tensors must not share memory with each other or with any input.
+void require_no_aliasing(const std::vector<std::pair<const TensorView*, const char*>>& written,
+                         const std::vector<std::pair<const TensorView*, const char*>>& read) {
+  std::vector<Footprint> w, r;
+  for (auto& [t, name] : written)
+    if (t->defined()) w.push_back(footprint(*t, name));
+  for (auto& [t, name] : read)
+    if (t->defined()) r.push_back(footprint(*t, name));
+  for (size_t i = 0; i < w.size(); ++i) {
+    for (size_t j = i + 1; j < w.size(); ++j)
+      if (overlaps(w[i], w[j])) fail(w[i].name, " and ", w[j].name, " overlap in memory");
+    for (auto& f : r)
+      if (overlaps(w[i], f)) fail(w[i].name, " (written) overlaps ", f.name, " in memory");
+  }
+}
+
+bool host_readable(const TensorView& t) { return t.defined() && t.device.type == DeviceType::kCpu; }
+
+// Slot indices live on the host for CPU backends: check them before anything is written.
+void check_slot_values(const int32_t* ids, int64_t stride, int64_t count, int64_t slots,
+                       int64_t pad_slot_id, const char* name, bool unique) {
+  std::vector<int32_t> seen;
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t s = ids[i * stride];
+    if (s == pad_slot_id) continue;
+    if (s < 0 || s >= slots)
+      fail(name, "[", i, "]=", s, " is out of range: must be in [0, ", slots,
+           ") or equal pad_slot_id=", pad_slot_id);
+    if (unique) seen.push_back(s);
+  }
+  std::sort(seen.begin(), seen.end());
+  const auto dup = std::adjacent_find(seen.begin(), seen.end());
+  if (dup != seen.end())
+    fail(name, " maps two rows to slot ", *dup, ": rows of one call must use distinct slots");
+}
+
+void check_cursor_values(const TensorView& cursors, int64_t buffer_len, const Mamba2Params& p) {
+  const int32_t* c = cursors.ptr<int32_t>();
+  for (int64_t row = 0; row < p.batch; ++row) {
+    const int64_t slot = slot_of_row(p, row);
+    if (slot < 0) continue;
+    const int32_t v = c[slot * cursors.strides[0]];
+    if (v < 0 || v >= buffer_len)
+      fail("cursors[", slot, "]=", v, " (row ", row, ") is out of range: must be in [0, L=",
+           buffer_len, ")");
+  }
+}
+
+}  // namespace
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto: return "auto";
+    case Backend::kReference: return "reference";
+    case Backend::kCpu: return "cpu";
+    case Backend::kCuda: return "cuda";
+  }
+  return "unknown";
+}
+
+const char* route_name(ReplayRoute route) {
+  switch (route) {
+    case ReplayRoute::kAuto: return "auto";
+    case ReplayRoute::kOutputOnly: return "output-only";
+    case ReplayRoute::kStateAndOutput: return "state-and-output";
+  }
+  return "unknown";
+}
+
+Backend resolve_backend(Backend requested, Device device) {
+  Backend b = requested;
+  if (b == Backend::kAuto) b = device.type == DeviceType::kCuda ? Backend::kCuda : Backend::kCpu;
+  if (b == Backend::kCuda && !built_with_cuda())
+    fail("the CUDA backend is not available: this build of replayssm has no CUDA support");
+  return b;
+}
+
+namespace {
+
+std::vector<std::pair<const TensorView*, const char*>> step_inputs(const Mamba2Step& s) {
+  return {{&s.x, "x"}, {&s.dt, "dt"}, {&s.A, "A"}, {&s.B, "B"}, {&s.C, "C"}, {&s.D, "D"},
+          {&s.z, "z"}, {&s.dt_bias, "dt_bias"}, {&s.state_batch_indices, "state_batch_indices"}};
+}
+
+}  // namespace
+
+Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& s, Backend backend) {
+  require_defined(state, "state");
+  for (auto [t, name] : {std::pair{&s.x, "x"}, {&s.dt, "dt"}, {&s.A, "A"}, {&s.B, "B"},
+                         {&s.C, "C"}, {&s.out, "out"}})
+    require_defined(*t, name);
+
+  const DeviceCheck same_device_as_state(state, "state", backend);
+  for (auto [t, name] : {std::pair{&s.x, "x"}, {&s.dt, "dt"}, {&s.A, "A"}, {&s.B, "B"},
+                         {&s.C, "C"}, {&s.D, "D"}, {&s.z, "z"}, {&s.dt_bias, "dt_bias"},
+                         {&s.state_batch_indices, "state_batch_indices"}, {&s.out, "out"}})
+    same_device_as_state(*t, name);
+
+  require_rank(state, "state", 4, "(slots, nheads, head_dim, state_dim)");
+  Mamba2Params p;
+  p.slots = state.shape[0];
+  p.nheads = state.shape[1];
+  p.head_dim = state.shape[2];
+  p.state_dim = state.shape[3];
+  if (p.nheads < 1 || p.head_dim < 1 || p.state_dim < 1)
+    fail("state ", shape_string(state), " must have nheads, head_dim and state_dim >= 1");
+  if (state.dtype == DType::kFloat64) {
+    if (backend != Backend::kReference)
+      fail("state has dtype float64, which only the reference backend accepts (backend is ",
+           backend_name(backend), ")");
+  } else {
+    require_float16_32(state, "state");
+  }
+  require_last_contiguous(state, "state");
+
+  require_rank(s.x, "x", 3, "(batch, nheads, head_dim)");
+  p.batch = s.x.shape[0];
+  require_size(s.x, "x", 1, p.nheads, "nheads (state.size(1))");
+  require_size(s.x, "x", 2, p.head_dim, "head_dim (state.size(2))");
+  require_float16_32(s.x, "x");
+  require_last_contiguous(s.x, "x");
+  p.act_dtype = s.x.dtype;
+
+  require_rank(s.B, "B", 3, "(batch, ngroups, state_dim)");
+  require_size(s.B, "B", 0, p.batch, "batch (x.size(0))");
+  p.ngroups = s.B.shape[1];
+  if (p.ngroups < 1 || p.nheads % p.ngroups != 0)
+    fail("B.size(1)=", p.ngroups, " (ngroups) must divide nheads=", p.nheads);
+  p.heads_per_group = p.nheads / p.ngroups;
+  require_size(s.B, "B", 2, p.state_dim, "state_dim (state.size(3))");
+  require_dtype(s.B, "B", p.act_dtype, "the dtype of x");
+  require_last_contiguous(s.B, "B");
+
+  require_rank(s.C, "C", 3, "(batch, ngroups, state_dim)");
+  require_size(s.C, "C", 0, p.batch, "batch (x.size(0))");
+  require_size(s.C, "C", 1, p.ngroups, "ngroups (B.size(1))");
+  require_size(s.C, "C", 2, p.state_dim, "state_dim (state.size(3))");
+  require_dtype(s.C, "C", p.act_dtype, "the dtype of x");
+  require_last_contiguous(s.C, "C");
+
+  if (s.dt.rank != 2 && s.dt.rank != 3)
+    fail("dt must have rank 2 (batch, nheads) or 3 (batch, nheads, head_dim), got rank ", s.dt.rank,
+         " with shape ", shape_string(s.dt));
+  require_rank(s.dt, "dt", s.dt.rank, "");
+  require_size(s.dt, "dt", 0, p.batch, "batch (x.size(0))");
+  require_size(s.dt, "dt", 1, p.nheads, "nheads");
+  if (s.dt.rank == 3) {
+    require_size(s.dt, "dt", 2, p.head_dim, "head_dim");
+    require_broadcast(s.dt, "dt", 2);
+  }
+  if (s.dt.dtype != p.act_dtype && s.dt.dtype != DType::kFloat32)
+    fail("dt has dtype ", dtype_name(s.dt.dtype), " but must be float32 or the dtype of x (",
+         dtype_name(p.act_dtype), ")");
+  p.dt_dtype = s.dt.dtype;
+
+  p.A = head_scalar(s.A, "A", p.nheads, p.head_dim, p.state_dim, 3);
+  p.D = head_scalar(s.D, "D", p.nheads, p.head_dim, p.state_dim, 2);
+  p.dt_bias = head_scalar(s.dt_bias, "dt_bias", p.nheads, p.head_dim, p.state_dim, 2);
+  p.dt_softplus = s.dt_softplus;
+
+  if (s.z.defined()) {
+    require_rank(s.z, "z", 3, "(batch, nheads, head_dim)");
+    require_size(s.z, "z", 0, p.batch, "batch (x.size(0))");
+    require_size(s.z, "z", 1, p.nheads, "nheads");
+    require_size(s.z, "z", 2, p.head_dim, "head_dim");
+    require_dtype(s.z, "z", p.act_dtype, "the dtype of x");
+    require_last_contiguous(s.z, "z");
+  }
+  require_rank(s.out, "out", 3, "(batch, nheads, head_dim)");
+  require_size(s.out, "out", 0, p.batch, "batch (x.size(0))");
+  require_size(s.out, "out", 1, p.nheads, "nheads");
+  require_size(s.out, "out", 2, p.head_dim, "head_dim");
+  require_dtype(s.out, "out", p.act_dtype, "the dtype of x");
+  require_last_contiguous(s.out, "out");
+
+  const TensorView& sbi = s.state_batch_indices;
+  if (sbi.defined()) {
+    require_rank(sbi, "state_batch_indices", 1, "(batch)");
+    require_size(sbi, "state_batch_indices", 0, p.batch, "batch (x.size(0))");
+    require_dtype(sbi, "state_batch_indices", DType::kInt32, "slot indices");
+    p.state_batch_indices = sbi.ptr<const int32_t>();
+    p.state_batch_indices_stride = sbi.strides[0];
+  } else if (p.batch > p.slots) {
+    fail("x.size(0)=", p.batch, " (batch) exceeds state.size(0)=", p.slots,
+         " (slots); pass state_batch_indices to map rows to slots");
+  }
+  p.pad_slot_id = s.pad_slot_id;
+  require_no_aliasing({{&state, "state"}, {&s.out, "out"}}, step_inputs(s));
+  if (host_readable(sbi))
+    check_slot_values(p.state_batch_indices, p.state_batch_indices_stride, p.batch, p.slots,
+                      p.pad_slot_id, "state_batch_indices", true);
+
+  p.x = s.x.data;
+  p.x_stride_batch = s.x.strides[0];
+  p.x_stride_head = s.x.strides[1];
+  p.dt = s.dt.data;
+  p.dt_stride_batch = s.dt.strides[0];
+  p.dt_stride_head = s.dt.strides[1];
+  p.B = s.B.data;
+  p.B_stride_batch = s.B.strides[0];
+  p.B_stride_group = s.B.strides[1];
+  p.C = s.C.data;
+  p.C_stride_batch = s.C.strides[0];
+  p.C_stride_group = s.C.strides[1];
+  p.z = s.z.data;
+  p.z_stride_batch = s.z.defined() ? s.z.strides[0] : 0;
+  p.z_stride_head = s.z.defined() ? s.z.strides[1] : 0;
+  p.out = s.out.data;
+  p.out_stride_batch = s.out.strides[0];
+  p.out_stride_head = s.out.strides[1];
+  p.state = state.data;
+  p.state_dtype = state.dtype;
+  p.state_stride_slot = state.strides[0];
+  p.state_stride_head = state.strides[1];
+  p.state_stride_p = state.strides[2];
+  return p;
+}
+
+ReplayParams validate_replay_decode(const ReplayCache& c, const Mamba2Step& s, ReplayRoute route,
+                                    Backend backend) {
+  ReplayParams p;
+  static_cast<Mamba2Params&>(p) = validate_state_update(c.state, s, backend);
+  const DeviceCheck same_device_as_state(c.state, "state", backend);
+  for (auto [t, name] : {std::pair{&c.x_cache, "x_cache"}, {&c.B_cache, "B_cache"},
+                         {&c.dt_cache, "dt_cache"}, {&c.cursors, "cursors"}}) {
+    require_defined(*t, name);
+    same_device_as_state(*t, name);
+  }
+
+  require_rank(c.x_cache, "x_cache", 4, "(slots, nheads, L, head_dim)");
+  p.buffer_len = c.x_cache.shape[2];
+  if (p.buffer_len < 1 || p.buffer_len > kMaxBufferLen)
+    fail("x_cache.size(2)=", p.buffer_len, " (L, the buffer length) must be in [1, ", kMaxBufferLen,
+         "]");
+  require_size(c.x_cache, "x_cache", 0, p.slots, "slots (state.size(0))");
+  require_size(c.x_cache, "x_cache", 1, p.nheads, "nheads");
+  require_size(c.x_cache, "x_cache", 3, p.head_dim, "head_dim");
+  require_dtype(c.x_cache, "x_cache", p.act_dtype, "the dtype of x");
+  require_last_contiguous(c.x_cache, "x_cache");
+
+  require_rank(c.B_cache, "B_cache", 4, "(slots, ngroups, L, state_dim)");
+  require_size(c.B_cache, "B_cache", 0, p.slots, "slots (state.size(0))");
+  require_size(c.B_cache, "B_cache", 1, p.ngroups, "ngroups (B.size(1))");
+  require_size(c.B_cache, "B_cache", 2, p.buffer_len, "L (x_cache.size(2))");
+  require_size(c.B_cache, "B_cache", 3, p.state_dim, "state_dim");
+  require_dtype(c.B_cache, "B_cache", p.act_dtype, "the dtype of x");
+  require_last_contiguous(c.B_cache, "B_cache");
+
+  require_rank(c.dt_cache, "dt_cache", 3, "(slots, nheads, L)");
+  require_size(c.dt_cache, "dt_cache", 0, p.slots, "slots (state.size(0))");
+  require_size(c.dt_cache, "dt_cache", 1, p.nheads, "nheads");
+  require_size(c.dt_cache, "dt_cache", 2, p.buffer_len, "L (x_cache.size(2))");
+  require_dtype(c.dt_cache, "dt_cache", DType::kFloat32, "raw dt widened to float32");
+  require_last_contiguous(c.dt_cache, "dt_cache");
+
+  require_rank(c.cursors, "cursors", 1, "(slots)");
+  require_size(c.cursors, "cursors", 0, p.slots, "slots (state.size(0))");
+  require_dtype(c.cursors, "cursors", DType::kInt32, "buffer fill per slot");
+
+  require_no_aliasing({{&c.state, "state"}, {&s.out, "out"}, {&c.x_cache, "x_cache"},
+                       {&c.B_cache, "B_cache"}, {&c.dt_cache, "dt_cache"}},
+                      [&] {
+                        auto r = step_inputs(s);
+                        r.push_back({&c.cursors, "cursors"});
+                        return r;
+                      }());
+  if (host_readable(c.cursors)) check_cursor_values(c.cursors, p.buffer_len, p);
+
+  p.route = route;
+  p.x_cache = c.x_cache.data;
+  p.xc_stride_slot = c.x_cache.strides[0];
+  p.xc_stride_head = c.x_cache.strides[1];
+  p.xc_stride_pos = c.x_cache.strides[2];
+  p.B_cache = c.B_cache.data;
+  p.Bc_stride_slot = c.B_cache.strides[0];
+  p.Bc_stride_group = c.B_cache.strides[1];
+  p.Bc_stride_pos = c.B_cache.strides[2];
+  p.dt_cache = c.dt_cache.ptr<float>();
+  p.dtc_stride_slot = c.dt_cache.strides[0];
+  p.dtc_stride_head = c.dt_cache.strides[1];
+  p.cursors = c.cursors.ptr<const int32_t>();
+  p.cursors_stride = c.cursors.strides[0];
+  return p;
+}
+
+namespace {
+
+CursorParams cursor_params(const TensorView& cursors, const TensorView& ids, const char* ids_name,
+                           int64_t pad_slot_id, Backend backend) {
+  require_defined(cursors, "cursors");
+  const DeviceCheck same_device_as_cursors(cursors, "cursors", backend);
+  same_device_as_cursors(ids, ids_name);
+  require_rank(cursors, "cursors", 1, "(slots)");
+  require_dtype(cursors, "cursors", DType::kInt32, "buffer fill per slot");
+  CursorParams p;
+  p.cursors = cursors.ptr<int32_t>();
+  p.cursors_stride = cursors.strides[0];
+  p.slots = cursors.shape[0];
+  p.pad_slot_id = pad_slot_id;
+  p.count = p.slots;
+  if (ids.defined()) {
+    require_rank(ids, ids_name, 1, "(n)");
+    require_dtype(ids, ids_name, DType::kInt32, "slot indices");
+    require_no_aliasing({{&cursors, "cursors"}}, {{&ids, ids_name}});
+    p.slot_ids = ids.ptr<const int32_t>();
+    p.slot_ids_stride = ids.strides[0];
+    p.count = ids.shape[0];
+    if (host_readable(ids))
+      check_slot_values(p.slot_ids, p.slot_ids_stride, p.count, p.slots, pad_slot_id, ids_name, true);
+  }
+  return p;
+}
+
+}  // namespace
+
+CursorParams validate_advance(const TensorView& cursors, int64_t buffer_len,
+                              const TensorView& state_batch_indices, int64_t pad_slot_id,
+                              Backend backend) {
+  CursorParams p =
+      cursor_params(cursors, state_batch_indices, "state_batch_indices", pad_slot_id, backend);
+  if (buffer_len < 1 || buffer_len > kMaxBufferLen)
+    fail("buffer_len=", buffer_len, " (L) must be in [1, ", kMaxBufferLen, "]");
+  p.buffer_len = buffer_len;
+  return p;
+}
+
+CursorParams validate_reset(const TensorView& cursors, const TensorView& slots, int64_t pad_slot_id,
+                            Backend backend) {
+  require_defined(slots, "slots");
+  return cursor_params(cursors, slots, "slots", pad_slot_id, backend);
+}
+
+}  // namespace replayssm
