@@ -1,5 +1,6 @@
 #include "cpu/mamba2_cpu.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -11,6 +12,33 @@ namespace replayssm::cpu {
 namespace {
 
 constexpr int64_t kMaxTokens = 64;  // history plus the current token, at most L
+// Register tiles of the state-and-output route: kRows state rows x kTile columns, in vectors of
+// kLanes floats (GCC/Clang vector extensions: AVX registers where the target has them).
+constexpr int kLanes = 8;
+constexpr int kTileVecs = 2;
+constexpr int64_t kTile = kLanes * kTileVecs;
+constexpr int kRows = 4;
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+Vec load_vec(const float* src) {
+  Vec v;
+  std::memcpy(&v, src, sizeof(v));
+  return v;
+}
+
+// kLanes elements of a state row widened to fp32; past `valid` (a partial tile) zeros.
+template <bool kFull, typename S> Vec load_widened(const S* src, int64_t valid) {
+  float lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = (kFull || l < valid) ? to_float(src[l]) : 0.f;
+  return load_vec(lanes);
+}
+
+template <bool kFull, typename S> void store_narrowed(Vec v, S* dst, int64_t valid) {
+  float lanes[kLanes];
+  std::memcpy(lanes, &v, sizeof(v));
+  for (int l = 0; l < kLanes; ++l)
+    if (kFull || l < valid) dst[l] = from_float<S>(lanes[l]);
+}
 
 template <typename T> const T* at(const void* base, int64_t offset) {
   return static_cast<const T*>(base) + offset;
@@ -20,6 +48,8 @@ template <typename T> T* at(void* base, int64_t offset) { return static_cast<T*>
 template <typename T> void widen(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
 }
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 float head_scalar(const HeadScalar& s, int64_t h, float absent) {
   return s.data ? load_as<float>(s.data, s.dtype, h * s.stride) : absent;
@@ -39,26 +69,6 @@ template <typename S> float dot_state(const S* s, const float* c, int64_t n) {
   return acc;
 }
 
-// The tokens of one (row, head) since its checkpoint: w cached ones, then the current one.
-// weight[j] = dt_j exp(A sum_{i>j} dt_i) scales token j; checkpoint_decay = exp(A sum_i dt_i).
-struct Window {
-  int64_t count = 0;
-  const void* x[kMaxTokens];  // (P) act each
-  const void* B[kMaxTokens];  // (N) act each
-  float weight[kMaxTokens];
-  float checkpoint_decay = 1.f;
-};
-
-void weigh(Window& win, const float* raw_dt, float A, float bias, bool dt_softplus) {
-  float later = 0.f;  // sum of the effective dt of the tokens after j
-  for (int64_t j = win.count - 1; j >= 0; --j) {
-    const float dt = effective_dt(raw_dt[j], bias, dt_softplus);
-    win.weight[j] = dt * std::exp(A * later);
-    later += dt;
-  }
-  win.checkpoint_decay = std::exp(A * later);
-}
-
 // Per-thread scratch, grown once and reused: no allocation in steady state.
 float* scratch(int64_t floats) {
   thread_local std::vector<float> buffer;
@@ -66,190 +76,256 @@ float* scratch(int64_t floats) {
   return buffer.data();
 }
 
-template <typename S, typename Act> struct HeadKernel {
-  const Mamba2Params& p;
+// What the heads of one (row, group) share: the `count` tokens since the checkpoint (cached ones,
+// then the current one), their B widened to fp32 and zero padded to whole tiles, and C.
+struct GroupWindow {
+  int64_t count = 0;
+  float* C = nullptr;   // (n_pad)
+  float* Bf = nullptr;  // (count, n_pad)
+  float bc[kMaxTokens];  // B_j . C, for the output-only route
+};
 
-  // y (P) = (y + D x) * silu(z) into out.
-  void finish(float* y, int64_t row, int64_t h) const {
-    const Act* x = at<Act>(p.x, row * p.x_stride_batch + h * p.x_stride_head);
-    Act* out = at<Act>(p.out, row * p.out_stride_batch + h * p.out_stride_head);
-    const float D = head_scalar(p.D, h, 0.f);
-    const Act* z = p.z ? at<Act>(p.z, row * p.z_stride_batch + h * p.z_stride_head) : nullptr;
-    for (int64_t i = 0; i < p.head_dim; ++i) {
+// One head's view of the tokens: weight[j] = dt_j exp(A sum_{i>j} dt_i) scales token j and
+// checkpoint_decay = exp(A sum_i dt_i) scales the checkpoint (backward sums: no cancellation).
+struct HeadWindow {
+  const void* x[kMaxTokens];  // (P) act each
+  float weight[kMaxTokens];
+  float checkpoint_decay = 1.f;
+
+  void weigh(int64_t count, const float* raw_dt, float A, float bias, bool dt_softplus) {
+    float later = 0.f;  // sum of the effective dt of the tokens after j
+    for (int64_t j = count - 1; j >= 0; --j) {
+      const float dt = effective_dt(raw_dt[j], bias, dt_softplus);
+      weight[j] = dt * std::exp(A * later);
+      later += dt;
+    }
+    checkpoint_decay = std::exp(A * later);
+  }
+};
+
+template <typename S, typename Act> class HeadKernel {
+ public:
+  HeadKernel(const Mamba2Params& p, int64_t max_tokens)
+      : p_(p), n_pad_(round_up(p.state_dim, kTile)), max_tokens_(max_tokens) {}
+
+  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P).
+  int64_t scratch_floats() const {
+    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_) * p_.head_dim;
+  }
+
+  void load_group(GroupWindow& gw, const void* const* B, int64_t row, int64_t g, float* work,
+                  bool with_bc) const {
+    const int64_t N = p_.state_dim;
+    gw.C = work;
+    gw.Bf = work + n_pad_;
+    widen(at<Act>(p_.C, row * p_.C_stride_batch + g * p_.C_stride_group), gw.C, N);
+    std::fill(gw.C + N, gw.C + n_pad_, 0.f);
+    for (int64_t j = 0; j < gw.count; ++j) {
+      float* b = gw.Bf + j * n_pad_;
+      widen(static_cast<const Act*>(B[j]), b, N);
+      std::fill(b + N, b + n_pad_, 0.f);
+      if (with_bc) gw.bc[j] = dot(b, gw.C, N);
+    }
+  }
+
+  float* y_of(float* work) const { return work + (1 + max_tokens_) * n_pad_; }
+  float* a_of(float* work) const { return y_of(work) + p_.head_dim; }
+
+  // State-and-output: S = decay S0 + sum_j (weight_j x_j) B_j^T in register tiles, y = S C; the
+  // state is stored back when `store` (a flush, or the baseline).
+  void state_and_output(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, float* y,
+                        float* a) const {
+    const int64_t P = p_.head_dim;
+    for (int64_t j = 0; j < gw.count; ++j) {
+      const Act* x = static_cast<const Act*>(hw.x[j]);
+      for (int64_t i = 0; i < P; ++i) a[j * P + i] = hw.weight[j] * to_float(x[i]);
+    }
+    int64_t i = 0;
+    for (; i + kRows <= P; i += kRows) rows<kRows>(gw, hw, state, store, a, i, y);
+    for (; i < P; ++i) rows<1>(gw, hw, state, store, a, i, y);
+  }
+
+  // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j; the state is only read.
+  void output_only(const GroupWindow& gw, const HeadWindow& hw, const S* state, float* y) const {
+    const int64_t P = p_.head_dim;
+    for (int64_t i = 0; i < P; ++i)
+      y[i] = hw.checkpoint_decay * dot_state(state + i * p_.state_stride_p, gw.C, p_.state_dim);
+    for (int64_t j = 0; j < gw.count; ++j) {
+      const float coef = hw.weight[j] * gw.bc[j];
+      const Act* x = static_cast<const Act*>(hw.x[j]);
+#pragma omp simd
+      for (int64_t k = 0; k < P; ++k) y[k] += coef * to_float(x[k]);
+    }
+  }
+
+  // out = (y + D x) * silu(z).
+  void finish(const float* y, int64_t row, int64_t h) const {
+    const Act* x = at<Act>(p_.x, row * p_.x_stride_batch + h * p_.x_stride_head);
+    Act* out = at<Act>(p_.out, row * p_.out_stride_batch + h * p_.out_stride_head);
+    const float D = head_scalar(p_.D, h, 0.f);
+    const Act* z = p_.z ? at<Act>(p_.z, row * p_.z_stride_batch + h * p_.z_stride_head) : nullptr;
+    for (int64_t i = 0; i < p_.head_dim; ++i) {
       float v = y[i] + D * to_float(x[i]);
       if (z) v *= silu(to_float(z[i]));
       out[i] = from_float<Act>(v);
     }
   }
 
-  // State-and-output: S = decay S0 + sum_j weight_j x_j B_j^T row by row, y = S C; the state is
-  // stored back when `store` (a flush, or the baseline).
-  void state_and_output(const Window& win, S* state, const float* C, bool store, float* y,
-                        float* work) const {
-    const int64_t N = p.state_dim;
-    float* Bf = work;                    // (count, N)
-    float* srow = work + win.count * N;  // (N)
-    for (int64_t j = 0; j < win.count; ++j) widen(static_cast<const Act*>(win.B[j]), Bf + j * N, N);
-    for (int64_t i = 0; i < p.head_dim; ++i) {
-      S* s = state + i * p.state_stride_p;
-      const float decay = win.checkpoint_decay;
-#pragma omp simd
-      for (int64_t n = 0; n < N; ++n) srow[n] = decay * to_float(s[n]);
-      for (int64_t j = 0; j < win.count; ++j) {
-        const float a = win.weight[j] * to_float(static_cast<const Act*>(win.x[j])[i]);
-        const float* b = Bf + j * N;
-#pragma omp simd
-        for (int64_t n = 0; n < N; ++n) srow[n] += a * b[n];
-      }
-      y[i] = dot(srow, C, N);
-      if (store) {
-#pragma omp simd
-        for (int64_t n = 0; n < N; ++n) s[n] = from_float<S>(srow[n]);
-      }
+ private:
+  // Rows [i0, i0 + R) of the state, tile by tile.
+  template <int R>
+  void rows(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, const float* a,
+            int64_t i0, float* y) const {
+    Vec y_part[R][kTileVecs] = {};
+    for (int64_t n0 = 0; n0 < p_.state_dim; n0 += kTile) {
+      if (n0 + kTile <= p_.state_dim)
+        tile<R, true>(gw, hw, state, store, a, i0, n0, y_part);
+      else
+        tile<R, false>(gw, hw, state, store, a, i0, n0, y_part);
+    }
+    for (int r = 0; r < R; ++r) {
+      float sum = 0.f;
+      for (int v = 0; v < kTileVecs; ++v)
+        for (int l = 0; l < kLanes; ++l) sum += y_part[r][v][l];
+      y[i0 + r] = sum;
     }
   }
 
-  // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j; the state is only read.
-  void output_only(const Window& win, const S* state, const float* C, float* y, float* work) const {
-    const int64_t N = p.state_dim;
-    float* Bf = work;  // (N)
-    for (int64_t i = 0; i < p.head_dim; ++i)
-      y[i] = win.checkpoint_decay * dot_state(state + i * p.state_stride_p, C, N);
-    for (int64_t j = 0; j < win.count; ++j) {
-      widen(static_cast<const Act*>(win.B[j]), Bf, N);
-      const float coef = win.weight[j] * dot(Bf, C, N);
-      const Act* x = static_cast<const Act*>(win.x[j]);
-#pragma omp simd
-      for (int64_t i = 0; i < p.head_dim; ++i) y[i] += coef * to_float(x[i]);
+  template <int R, bool kFullTile>
+  void tile(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, const float* a,
+            int64_t i0, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
+    const int64_t P = p_.head_dim;
+    const int64_t width = kFullTile ? kTile : p_.state_dim - n0;
+    Vec acc[R][kTileVecs];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kTileVecs; ++v)
+        acc[r][v] = hw.checkpoint_decay *
+                    load_widened<kFullTile>(state + (i0 + r) * p_.state_stride_p + n0 + v * kLanes,
+                                            width - v * kLanes);
+    for (int64_t j = 0; j < gw.count; ++j) {
+      const float* b = gw.Bf + j * n_pad_ + n0;
+      Vec bv[kTileVecs];
+      for (int v = 0; v < kTileVecs; ++v) bv[v] = load_vec(b + v * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const float ar = a[j * P + i0 + r];
+        for (int v = 0; v < kTileVecs; ++v) acc[r][v] += ar * bv[v];
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kTileVecs; ++v) y_part[r][v] += acc[r][v] * load_vec(gw.C + n0 + v * kLanes);
+    if (store)
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < kTileVecs; ++v)
+          store_narrowed<kFullTile>(acc[r][v], state + (i0 + r) * p_.state_stride_p + n0 + v * kLanes,
+                                    width - v * kLanes);
   }
 
-  // Work space (floats) one head needs: C, y, the widened B of every token and one state row.
-  int64_t work_floats(int64_t max_tokens) const {
-    return p.state_dim + p.head_dim + (max_tokens + 1) * p.state_dim;
-  }
-
-  const Act* x_now(int64_t row, int64_t h) const {
-    return at<Act>(p.x, row * p.x_stride_batch + h * p.x_stride_head);
-  }
-  const Act* B_now(int64_t row, int64_t h) const {
-    return at<Act>(p.B, row * p.B_stride_batch + (h / p.heads_per_group) * p.B_stride_group);
-  }
-  float raw_dt_now(int64_t row, int64_t h) const {
-    return load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + h * p.dt_stride_head);
-  }
-  S* state_of(int64_t slot, int64_t h) const {
-    return at<S>(p.state, slot * p.state_stride_slot + h * p.state_stride_head);
-  }
-  const Act* C_now(int64_t row, int64_t h) const {
-    return at<Act>(p.C, row * p.C_stride_batch + (h / p.heads_per_group) * p.C_stride_group);
-  }
+  const Mamba2Params& p_;
+  int64_t n_pad_;
+  int64_t max_tokens_;
 };
 
-template <typename S, typename Act> void state_update(const Mamba2Params& p) {
-  const HeadKernel<S, Act> k{p};
-  parallel_for(p.batch * p.nheads, 4, [&](int64_t begin, int64_t end) {
-    float* C = scratch(k.work_floats(1));
-    float* y = C + p.state_dim;
-    float* work = y + p.head_dim;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t row = item / p.nheads, h = item % p.nheads;
-      const int64_t slot = slot_of_row(p, row);
-      if (slot < 0) continue;
-      Window win;
-      win.count = 1;
-      win.x[0] = k.x_now(row, h);
-      win.B[0] = k.B_now(row, h);
-      const float raw_dt = k.raw_dt_now(row, h);
-      weigh(win, &raw_dt, head_scalar(p.A, h, 0.f), head_scalar(p.dt_bias, h, 0.f), p.dt_softplus);
-      widen(k.C_now(row, h), C, p.state_dim);
-      k.state_and_output(win, k.state_of(slot, h), C, true, y, work);
-      k.finish(y, row, h);
-    }
-  });
+// Heads of one group handled by one work item: whole groups when the batch gives every thread
+// enough items, smaller chunks at small batch.
+int64_t heads_per_item(const Mamba2Params& p) {
+  int64_t chunk = p.heads_per_group;
+  const int64_t wanted = 8 * int64_t(thread_count());
+  while (chunk > 1 && p.batch * p.ngroups * ((p.heads_per_group + chunk - 1) / chunk) < wanted)
+    chunk = (chunk + 1) / 2;
+  return chunk;
 }
 
-template <typename S, typename Act> void replay(const ReplayParams& p) {
-  const HeadKernel<S, Act> k{p};
-  const bool output_only = p.route != ReplayRoute::kStateAndOutput;  // cheaper on a CPU
-  parallel_for(p.batch * p.nheads, 4, [&](int64_t begin, int64_t end) {
-    float* C = scratch(k.work_floats(p.buffer_len));
-    float* y = C + p.state_dim;
-    float* work = y + p.head_dim;
+// One decode step over the batch. `replay` == nullptr is the baseline: no history, every row
+// writes its state. Otherwise a row replays its buffer, flushes at cursor L - 1 and else appends.
+template <typename S, typename Act> void decode(const Mamba2Params& p, const ReplayParams* replay) {
+  const HeadKernel<S, Act> kernel(p, replay ? replay->buffer_len : 1);
+  const bool output_only = replay && replay->route != ReplayRoute::kStateAndOutput;
+  const int64_t chunk = heads_per_item(p);
+  const int64_t chunks = (p.heads_per_group + chunk - 1) / chunk;
+  const int64_t act = sizeof(Act);
+  parallel_for(p.batch * p.ngroups * chunks, 1, [&](int64_t begin, int64_t end) {
+    float* work = scratch(kernel.scratch_floats());
+    float* y = kernel.y_of(work);
+    float* a = kernel.a_of(work);
+    const void* B[kMaxTokens];
     float raw_dt[kMaxTokens];
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t row = item / p.nheads, h = item % p.nheads;
+      const int64_t row = item / (p.ngroups * chunks);
+      const int64_t g = item / chunks % p.ngroups;
+      const int64_t h_begin = g * p.heads_per_group + item % chunks * chunk;
+      const int64_t h_end = std::min(h_begin + chunk, (g + 1) * p.heads_per_group);
       const int64_t slot = slot_of_row(p, row);
       if (slot < 0) continue;
-      const int64_t g = h / p.heads_per_group;
-      const int64_t fill = p.cursors[slot * p.cursors_stride];
-      const bool flush = fill == p.buffer_len - 1;
-      Act* x_hist = at<Act>(p.x_cache, slot * p.xc_stride_slot + h * p.xc_stride_head);
-      Act* B_hist = at<Act>(p.B_cache, slot * p.Bc_stride_slot + g * p.Bc_stride_group);
-      float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;
 
-      Window win;
-      win.count = fill + 1;
-      for (int64_t j = 0; j < fill; ++j) {
-        win.x[j] = x_hist + j * p.xc_stride_pos;
-        win.B[j] = B_hist + j * p.Bc_stride_pos;
-        raw_dt[j] = dt_hist[j];
-      }
-      win.x[fill] = k.x_now(row, h);
-      win.B[fill] = k.B_now(row, h);
-      raw_dt[fill] = k.raw_dt_now(row, h);
-      weigh(win, raw_dt, head_scalar(p.A, h, 0.f), head_scalar(p.dt_bias, h, 0.f), p.dt_softplus);
-      widen(k.C_now(row, h), C, p.state_dim);
+      const int64_t fill = replay ? replay->cursors[slot * replay->cursors_stride] : 0;
+      const bool flush = !replay || fill == replay->buffer_len - 1;
+      const bool row_output_only = output_only && !flush;
+      GroupWindow gw;
+      gw.count = fill + 1;
+      char* B_hist = replay ? static_cast<char*>(replay->B_cache) +
+                                  (slot * replay->Bc_stride_slot + g * replay->Bc_stride_group) * act
+                            : nullptr;
+      for (int64_t j = 0; j < fill; ++j) B[j] = B_hist + j * replay->Bc_stride_pos * act;
+      B[fill] = at<Act>(p.B, row * p.B_stride_batch + g * p.B_stride_group);
+      kernel.load_group(gw, B, row, g, work, row_output_only);
 
-      S* state = k.state_of(slot, h);
-      if (flush || !output_only) {
-        k.state_and_output(win, state, C, flush, y, work);
-      } else {
-        k.output_only(win, state, C, y, work);
-      }
-      k.finish(y, row, h);
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        HeadWindow hw;
+        Act* x_hist = replay ? at<Act>(replay->x_cache,
+                                       slot * replay->xc_stride_slot + h * replay->xc_stride_head)
+                             : nullptr;
+        float* dt_hist =
+            replay ? replay->dt_cache + slot * replay->dtc_stride_slot + h * replay->dtc_stride_head
+                   : nullptr;
+        for (int64_t j = 0; j < fill; ++j) {
+          hw.x[j] = x_hist + j * replay->xc_stride_pos;
+          raw_dt[j] = dt_hist[j];
+        }
+        hw.x[fill] = at<Act>(p.x, row * p.x_stride_batch + h * p.x_stride_head);
+        raw_dt[fill] = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + h * p.dt_stride_head);
+        hw.weigh(gw.count, raw_dt, head_scalar(p.A, h, 0.f), head_scalar(p.dt_bias, h, 0.f),
+                 p.dt_softplus);
 
-      if (!flush) {  // append the token; heads of a group share B, the first one stores it
-        std::memcpy(x_hist + fill * p.xc_stride_pos, win.x[fill], size_t(p.head_dim) * sizeof(Act));
-        if (h % p.heads_per_group == 0)
-          std::memcpy(B_hist + fill * p.Bc_stride_pos, win.B[fill], size_t(p.state_dim) * sizeof(Act));
-        dt_hist[fill] = raw_dt[fill];
+        S* state = at<S>(p.state, slot * p.state_stride_slot + h * p.state_stride_head);
+        if (row_output_only)
+          kernel.output_only(gw, hw, state, y);
+        else
+          kernel.state_and_output(gw, hw, state, flush, y, a);
+        kernel.finish(y, row, h);
+
+        if (!flush) {  // append the token; heads of a group share B, the first one stores it
+          std::memcpy(x_hist + fill * replay->xc_stride_pos, hw.x[fill], size_t(p.head_dim) * act);
+          if (h == g * p.heads_per_group)
+            std::memcpy(B_hist + fill * replay->Bc_stride_pos * act, B[fill], size_t(p.state_dim) * act);
+          dt_hist[fill] = raw_dt[fill];
+        }
       }
     }
   });
 }
 
-template <template <typename, typename> class Fn, typename P>
-void dispatch(const P& p, DType state, DType act) {
+// Instantiates decode for the call's (state, activation) dtypes.
+void dispatch(const Mamba2Params& p, const ReplayParams* replay) {
   auto with_act = [&](auto state_tag) {
     using S = decltype(state_tag);
-    switch (act) {
-      case DType::kFloat16: return Fn<S, Half>::run(p);
-      case DType::kBFloat16: return Fn<S, BFloat16>::run(p);
-      default: return Fn<S, float>::run(p);
+    switch (p.act_dtype) {
+      case DType::kFloat16: return decode<S, Half>(p, replay);
+      case DType::kBFloat16: return decode<S, BFloat16>(p, replay);
+      default: return decode<S, float>(p, replay);
     }
   };
-  switch (state) {
+  switch (p.state_dtype) {
     case DType::kFloat16: return with_act(Half{});
     case DType::kBFloat16: return with_act(BFloat16{});
     default: return with_act(float{});
   }
 }
 
-template <typename S, typename Act> struct StateUpdate {
-  static void run(const Mamba2Params& p) { state_update<S, Act>(p); }
-};
-template <typename S, typename Act> struct Replay {
-  static void run(const ReplayParams& p) { replay<S, Act>(p); }
-};
-
 }  // namespace
 
-void selective_state_update(const Mamba2Params& p) {
-  dispatch<StateUpdate>(p, p.state_dtype, p.act_dtype);
-}
+void selective_state_update(const Mamba2Params& p) { dispatch(p, nullptr); }
 
-void replay_decode(const ReplayParams& p) { dispatch<Replay>(p, p.state_dtype, p.act_dtype); }
+void replay_decode(const ReplayParams& p) { dispatch(p, &p); }
 
 void replay_advance(const CursorParams& p) {
   for (int64_t i = 0; i < p.count; ++i) {
