@@ -4,13 +4,27 @@
 #include "api/validate.hpp"
 #include "cpu/mamba2_cpu.hpp"
 #include "reference/mamba2_reference.hpp"
+#if defined(REPLAYSSM_WITH_CUDA)
+#include "cuda/mamba2_cuda.hpp"
+#endif
 
 namespace replayssm {
 namespace {
 
-[[noreturn]] void no_cuda() {
+// resolve_backend() refuses Backend::kCuda in a build without CUDA, so these never run there.
+#if defined(REPLAYSSM_WITH_CUDA)
+namespace device = cuda;
+#else
+namespace device {
+[[noreturn]] void unavailable() {
   throw InvalidArgument("replayssm: the CUDA backend has no kernels in this build");
 }
+void selective_state_update(const Mamba2Params&, void*) { unavailable(); }
+void replay_decode(const ReplayParams&, void*) { unavailable(); }
+void replay_advance(const CursorParams&, void*) { unavailable(); }
+void replay_reset(const CursorParams&, void*) { unavailable(); }
+}  // namespace device
+#endif
 
 }  // namespace
 
@@ -20,8 +34,7 @@ void selective_state_update(const TensorView& state, const Mamba2Step& step,
   const Mamba2Params p = validate_state_update(state, step, backend);
   switch (backend) {
     case Backend::kReference: return reference::selective_state_update(p);
-    case Backend::kCuda:
-      no_cuda();
+    case Backend::kCuda: return device::selective_state_update(p, options.cuda_stream);
     default: return cpu::selective_state_update(p);
   }
 }
@@ -32,8 +45,7 @@ void replay_decode(const ReplayCache& cache, const Mamba2Step& step, ReplayRoute
   const ReplayParams p = validate_replay_decode(cache, step, route, backend);
   switch (backend) {
     case Backend::kReference: return reference::replay_decode(p);
-    case Backend::kCuda:
-      no_cuda();
+    case Backend::kCuda: return device::replay_decode(p, options.cuda_stream);
     default: return cpu::replay_decode(p);
   }
 }
@@ -44,9 +56,7 @@ void replay_advance(const TensorView& cursors, int64_t buffer_len,
   const Backend backend = resolve_backend(options.backend, cursors.device);
   const CursorParams p =
       validate_advance(cursors, buffer_len, state_batch_indices, pad_slot_id, backend);
-  if (backend == Backend::kCuda) {
-    no_cuda();
-  }
+  if (backend == Backend::kCuda) return device::replay_advance(p, options.cuda_stream);
   cpu::replay_advance(p);
 }
 
@@ -54,9 +64,7 @@ void replay_reset(const TensorView& cursors, const TensorView& slots, int64_t pa
                   const ExecOptions& options) {
   const Backend backend = resolve_backend(options.backend, cursors.device);
   const CursorParams p = validate_reset(cursors, slots, pad_slot_id, backend);
-  if (backend == Backend::kCuda) {
-    no_cuda();
-  }
+  if (backend == Backend::kCuda) return device::replay_reset(p, options.cuda_stream);
   cpu::replay_reset(p);
 }
 

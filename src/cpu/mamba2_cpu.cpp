@@ -26,6 +26,12 @@ Vec load_vec(const float* src) {
   return v;
 }
 
+float horizontal_sum(Vec v) {
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += v[l];
+  return sum;
+}
+
 // kLanes elements of a state row widened to fp32; past `valid` (a partial tile) zeros.
 template <bool kFull, typename S> Vec load_widened(const S* src, int64_t valid) {
   float lanes[kLanes];
@@ -59,13 +65,6 @@ float dot(const float* a, const float* b, int64_t n) {
   float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-
-template <typename S> float dot_state(const S* s, const float* c, int64_t n) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += to_float(s[i]) * c[i];
   return acc;
 }
 
@@ -148,8 +147,9 @@ template <typename S, typename Act> class HeadKernel {
   // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j; the state is only read.
   void output_only(const GroupWindow& gw, const HeadWindow& hw, const S* state, float* y) const {
     const int64_t P = p_.head_dim;
-    for (int64_t i = 0; i < P; ++i)
-      y[i] = hw.checkpoint_decay * dot_state(state + i * p_.state_stride_p, gw.C, p_.state_dim);
+    int64_t i = 0;
+    for (; i + kRows <= P; i += kRows) checkpoint_rows_dot_C<kRows>(gw.C, hw.checkpoint_decay, state, i, y);
+    for (; i < P; ++i) checkpoint_rows_dot_C<1>(gw.C, hw.checkpoint_decay, state, i, y);
     for (int64_t j = 0; j < gw.count; ++j) {
       const float coef = hw.weight[j] * gw.bc[j];
       const Act* x = static_cast<const Act*>(hw.x[j]);
@@ -172,6 +172,21 @@ template <typename S, typename Act> class HeadKernel {
   }
 
  private:
+  // y[i] = decay (S0[i, :] . C) for rows [i0, i0 + R): several rows in flight per pass.
+  template <int R>
+  void checkpoint_rows_dot_C(const float* C, float decay, const S* state, int64_t i0, float* y) const {
+    Vec acc[R] = {};
+    for (int64_t n0 = 0; n0 < p_.state_dim; n0 += kLanes) {
+      const Vec c = load_vec(C + n0);
+      const int64_t valid = p_.state_dim - n0;
+      for (int r = 0; r < R; ++r) {
+        const S* s = state + (i0 + r) * p_.state_stride_p + n0;
+        acc[r] += (valid >= kLanes ? load_widened<true>(s, valid) : load_widened<false>(s, valid)) * c;
+      }
+    }
+    for (int r = 0; r < R; ++r) y[i0 + r] = decay * horizontal_sum(acc[r]);
+  }
+
   // Rows [i0, i0 + R) of the state, tile by tile.
   template <int R>
   void rows(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, const float* a,
@@ -184,10 +199,9 @@ template <typename S, typename Act> class HeadKernel {
         tile<R, false>(gw, hw, state, store, a, i0, n0, y_part);
     }
     for (int r = 0; r < R; ++r) {
-      float sum = 0.f;
-      for (int v = 0; v < kTileVecs; ++v)
-        for (int l = 0; l < kLanes; ++l) sum += y_part[r][v][l];
-      y[i0 + r] = sum;
+      Vec sum = {};
+      for (int v = 0; v < kTileVecs; ++v) sum += y_part[r][v];
+      y[i0 + r] = horizontal_sum(sum);
     }
   }
 

@@ -1,0 +1,27 @@
+// Every CUDA runtime call of the backend goes through REPLAYSSM_CUDA_CHECK: a failure throws
+// replayssm::CudaError naming the statement, the file and the line (library code never aborts).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "replayssm/error.hpp"
+
+namespace replayssm::cuda {
+
+[[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* statement,
+                                          const char* file, int line) {
+  throw CudaError(std::string("replayssm: CUDA error '") + cudaGetErrorString(status) + "' (" +
+                  cudaGetErrorName(status) + ") in " + statement + " at " + file + ":" +
+                  std::to_string(line));
+}
+
+}  // namespace replayssm::cuda
+
+#define REPLAYSSM_CUDA_CHECK(statement)                                                  \
+  do {                                                                                   \
+    const cudaError_t replayssm_status_ = (statement);                                   \
+    if (replayssm_status_ != cudaSuccess)                                                \
+      ::replayssm::cuda::throw_cuda_error(replayssm_status_, #statement, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,191 @@
+// Host side of the CUDA backend: picks the row layout and the launch configuration, dispatches on
+// the dtypes, and runs the cursor kernels.
+#include "cuda/mamba2_cuda.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "cuda/check.hpp"
+#include "cuda/mamba2_launch.hpp"
+#include "cuda/row_layout.hpp"
+
+namespace replayssm::cuda {
+namespace {
+
+// The automatic choice keeps whole heads in one CTA (the per-CTA window work is then shared by
+// the most rows) unless that leaves fewer than this many CTAs per SM: at small batch, smaller
+// chunks put more loads in flight and shorten each CTA's serial work.
+constexpr int64_t kTargetCtasPerSm = 16;
+constexpr int kMaxDevices = 64;
+constexpr int kCursorThreads = 256;
+
+int sm_count() {
+  static std::atomic<int> cached[kMaxDevices];
+  int device = 0;
+  REPLAYSSM_CUDA_CHECK(cudaGetDevice(&device));
+  int count = device < kMaxDevices ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    REPLAYSSM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (device < kMaxDevices) cached[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+// True when `ptr` and every stride (in elements of `element_bytes`) keep `alignment`-byte accesses
+// aligned.
+bool aligned(const void* ptr, int64_t element_bytes, int64_t alignment,
+             std::initializer_list<int64_t> strides) {
+  if (reinterpret_cast<uintptr_t>(ptr) % uintptr_t(alignment) != 0) return false;
+  for (int64_t s : strides)
+    if (s * element_bytes % alignment != 0) return false;
+  return true;
+}
+
+RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
+  if (p.state_dim > kMaxStateDim)
+    throw InvalidArgument("replayssm: state.size(3)=" + std::to_string(p.state_dim) +
+                          " (state_dim) exceeds " + std::to_string(kMaxStateDim) +
+                          ", the largest state_dim the CUDA backend supports");
+  RowLayoutKind kind = RowLayoutKind::kGeneric;
+  if (p.state_dim == 64) kind = RowLayoutKind::kN64;
+  if (p.state_dim == 128) kind = RowLayoutKind::kN128;
+  if (p.state_dim == 256) kind = RowLayoutKind::kN256;
+  if (kind == RowLayoutKind::kGeneric) return kind;
+  // 16-byte state accesses; B and C slices of the same number of elements.
+  const int64_t s = dtype_size(p.state_dtype), a = dtype_size(p.act_dtype);
+  const int64_t act_alignment = std::min<int64_t>(16, 16 / s * a);
+  bool ok = aligned(p.state, s, 16, {p.state_stride_slot, p.state_stride_head, p.state_stride_p}) &&
+            aligned(p.B, a, act_alignment, {p.B_stride_batch, p.B_stride_group}) &&
+            aligned(p.C, a, act_alignment, {p.C_stride_batch, p.C_stride_group});
+  if (replay)
+    ok = ok && aligned(replay->B_cache, a, act_alignment,
+                       {replay->Bc_stride_slot, replay->Bc_stride_group, replay->Bc_stride_pos});
+  return ok ? kind : RowLayoutKind::kGeneric;
+}
+
+int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta) {
+  return p.batch * p.nheads * ((p.head_dim + rows_per_cta - 1) / rows_per_cta);
+}
+
+int64_t smem_bytes(const Mamba2Params& p, const ReplayParams* replay, int64_t rows_per_cta) {
+  const int64_t s = dtype_size(p.state_dtype);
+  return replay ? replay_smem_bytes(rows_per_cta, p.state_dim, s, replay->buffer_len)
+                : baseline_smem_bytes(rows_per_cta, p.state_dim, s);
+}
+
+// head_dim rows per CTA: a multiple of the layout's batch of rows that fits the shared memory.
+int rows_per_cta_for(const Mamba2Params& p, const ReplayParams* replay, RowLayoutKind kind,
+                     const LaunchConfig& config) {
+  const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
+  int64_t rows = round_up(std::min<int64_t>(p.head_dim, kMaxRowsPerCta), l.batch_rows);
+  if (config.rows_per_cta > 0) rows = std::min(rows, round_up(config.rows_per_cta, l.batch_rows));
+  auto smaller = [&](int64_t r) { return std::max<int64_t>(l.batch_rows, round_up(r / 2, l.batch_rows)); };
+  while (rows > l.batch_rows && smem_bytes(p, replay, rows) > kMaxSharedBytes) rows = smaller(rows);
+  if (config.rows_per_cta <= 0) {
+    const int64_t target = kTargetCtasPerSm * sm_count();
+    while (rows > l.batch_rows && ctas_for(p, rows) < target) rows = smaller(rows);
+  }
+  const int64_t ctas = ctas_for(p, rows);
+  if (ctas > INT_MAX)
+    throw InvalidArgument("replayssm: batch=" + std::to_string(p.batch) + " x nheads=" +
+                          std::to_string(p.nheads) + " needs " + std::to_string(ctas) +
+                          " CTAs, more than the CUDA grid limit " + std::to_string(INT_MAX));
+  return int(rows);
+}
+
+template <typename S, typename Act> struct TypedLaunch {
+  static void run(const Mamba2Params& p, RowLayoutKind k, int rows, cudaStream_t stream) {
+    launch_state_update<S, Act>(p, k, rows, stream);
+  }
+  static void run(const ReplayParams& p, RowLayoutKind k, int rows, cudaStream_t stream) {
+    launch_replay_decode<S, Act>(p, k, rows, stream);
+  }
+};
+
+template <typename Params>
+void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, cudaStream_t stream) {
+  auto with_act = [&](auto state_tag) {
+    using S = decltype(state_tag);
+    switch (p.act_dtype) {
+      case DType::kFloat16: return TypedLaunch<S, Half>::run(p, kind, rows_per_cta, stream);
+      case DType::kBFloat16: return TypedLaunch<S, BFloat16>::run(p, kind, rows_per_cta, stream);
+      default: return TypedLaunch<S, float>::run(p, kind, rows_per_cta, stream);
+    }
+  };
+  switch (p.state_dtype) {
+    case DType::kFloat16: return with_act(Half{});
+    case DType::kBFloat16: return with_act(BFloat16{});
+    default: return with_act(float{});
+  }
+}
+
+__global__ void advance_kernel(const CursorParams p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.count) return;
+  const int64_t slot = p.slot_ids ? p.slot_ids[i * p.slot_ids_stride] : i;
+  if ((p.slot_ids && slot == p.pad_slot_id) || slot < 0 || slot >= p.slots) return;
+  int32_t* cursor = p.cursors + slot * p.cursors_stride;
+  *cursor = *cursor + 1 == p.buffer_len ? 0 : *cursor + 1;
+}
+
+__global__ void reset_kernel(const CursorParams p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.count) return;
+  const int64_t slot = p.slot_ids[i * p.slot_ids_stride];
+  if (slot == p.pad_slot_id || slot < 0 || slot >= p.slots) return;
+  p.cursors[slot * p.cursors_stride] = 0;
+}
+
+unsigned cursor_grid(const CursorParams& p) {
+  return unsigned((p.count + kCursorThreads - 1) / kCursorThreads);
+}
+
+}  // namespace
+
+LaunchConfig auto_launch_config(const Mamba2Params& p) {
+  return LaunchConfig{rows_per_cta_for(p, nullptr, choose_layout(p, nullptr), LaunchConfig{})};
+}
+
+LaunchConfig auto_launch_config(const ReplayParams& p) {
+  return LaunchConfig{rows_per_cta_for(p, &p, choose_layout(p, &p), LaunchConfig{})};
+}
+
+void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, void* stream) {
+  const RowLayoutKind kind = choose_layout(p, nullptr);
+  const int rows = rows_per_cta_for(p, nullptr, kind, config);
+  if (p.batch == 0) return;
+  launch(p, kind, rows, static_cast<cudaStream_t>(stream));
+}
+
+void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stream) {
+  const RowLayoutKind kind = choose_layout(p, &p);
+  const int rows = rows_per_cta_for(p, &p, kind, config);
+  if (p.batch == 0) return;
+  launch(p, kind, rows, static_cast<cudaStream_t>(stream));
+}
+
+void selective_state_update(const Mamba2Params& p, void* stream) {
+  selective_state_update(p, LaunchConfig{}, stream);
+}
+
+void replay_decode(const ReplayParams& p, void* stream) { replay_decode(p, LaunchConfig{}, stream); }
+
+void replay_advance(const CursorParams& p, void* stream) {
+  if (p.count == 0) return;
+  advance_kernel<<<cursor_grid(p), kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+}
+
+void replay_reset(const CursorParams& p, void* stream) {
+  if (p.count == 0) return;
+  reset_kernel<<<cursor_grid(p), kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace replayssm::cuda

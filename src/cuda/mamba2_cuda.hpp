@@ -1,0 +1,36 @@
+// The CUDA backend of the Mamba-2 entry points (validated, flattened calls from src/api).
+//
+// Serving-engine rules that every function here keeps:
+// - it launches on the caller's stream (nullptr: the default stream) and nowhere else;
+// - it allocates nothing and needs no scratch memory (so there is no scratch-size query), never
+//   synchronises with the host and never reads a cursor on the host: it can be captured in a CUDA
+//   graph and replayed, the flush being decided per row on the device;
+// - the grid depends only on the (padded) batch, the geometry and the dtypes;
+// - a row whose slot is pad_slot_id returns before touching any memory; so does a row whose slot
+//   or cursor is out of range on the device (its out row is left untouched: the caller's bug, but
+//   never a write out of bounds).
+#pragma once
+
+#include "api/params.hpp"
+
+namespace replayssm::cuda {
+
+void selective_state_update(const Mamba2Params& p, void* stream);
+void replay_decode(const ReplayParams& p, void* stream);
+void replay_advance(const CursorParams& p, void* stream);
+void replay_reset(const CursorParams& p, void* stream);
+
+// How a decode kernel is launched. One CTA handles one (row, head, chunk of head_dim rows).
+struct LaunchConfig {
+  int rows_per_cta = 0;  // head_dim rows per CTA; 0 picks it from the batch and the device
+};
+
+// The configuration the automatic choice makes for a baseline / replay call (never 0 rows).
+LaunchConfig auto_launch_config(const Mamba2Params& p);
+LaunchConfig auto_launch_config(const ReplayParams& p);
+
+// The entry points with a forced launch configuration (benchmarks and tuning).
+void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, void* stream);
+void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stream);
+
+}  // namespace replayssm::cuda

@@ -1,0 +1,80 @@
+// Definitions of the typed launchers; included by the per-state-dtype instantiation files only.
+#pragma once
+
+#include "cuda/check.hpp"
+#include "cuda/mamba2_kernels.cuh"
+#include "cuda/mamba2_launch.hpp"
+
+namespace replayssm::cuda {
+
+inline unsigned decode_grid(const Mamba2Params& p, int rows_per_cta) {
+  const int64_t chunks = (p.head_dim + rows_per_cta - 1) / rows_per_cta;
+  return unsigned(p.batch * p.nheads * chunks);  // bounded by the caller (mamba2_cuda.cu)
+}
+
+template <typename S, typename Act>
+void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_per_cta,
+                         cudaStream_t stream) {
+  const unsigned grid = decode_grid(p, rows_per_cta);
+  const size_t smem = size_t(baseline_smem_bytes(rows_per_cta, p.state_dim, sizeof(S)));
+  switch (layout) {
+    case RowLayoutKind::kN64:
+      state_update_kernel<S, Act, RowLayoutKind::kN64><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+    case RowLayoutKind::kN128:
+      state_update_kernel<S, Act, RowLayoutKind::kN128><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+    case RowLayoutKind::kN256:
+      state_update_kernel<S, Act, RowLayoutKind::kN256><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+    case RowLayoutKind::kGeneric:
+      state_update_kernel<S, Act, RowLayoutKind::kGeneric><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+  }
+  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename S, typename Act>
+void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
+                          cudaStream_t stream) {
+  const unsigned grid = decode_grid(p, rows_per_cta);
+  const size_t smem =
+      size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len));
+  const bool output_only = p.route != ReplayRoute::kStateAndOutput;
+  switch (layout) {
+    case RowLayoutKind::kN64:
+      replay_decode_kernel<S, Act, RowLayoutKind::kN64>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+    case RowLayoutKind::kN128:
+      replay_decode_kernel<S, Act, RowLayoutKind::kN128>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+    case RowLayoutKind::kN256:
+      replay_decode_kernel<S, Act, RowLayoutKind::kN256>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+    case RowLayoutKind::kGeneric:
+      replay_decode_kernel<S, Act, RowLayoutKind::kGeneric>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+  }
+  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace replayssm::cuda
+
+// Instantiates both launchers for state type S and every activation type.
+#define REPLAYSSM_INSTANTIATE_LAUNCHERS(S)                                                       \
+  template void replayssm::cuda::launch_state_update<S, float>(                                  \
+      const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_state_update<S, replayssm::Half>(                        \
+      const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_state_update<S, replayssm::BFloat16>(                    \
+      const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_replay_decode<S, float>(                                 \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_replay_decode<S, replayssm::Half>(                       \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_replay_decode<S, replayssm::BFloat16>(                   \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t)

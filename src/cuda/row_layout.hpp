@@ -1,0 +1,76 @@
+// The shape of a decode CTA: how a state row (N values) spreads over its lanes, and its shared
+// memory. Shared by the kernels (as compile-time constants) and by the host code that picks a
+// launch (at run time).
+#pragma once
+
+#include <cstdint>
+
+namespace replayssm::cuda {
+
+constexpr int kThreads = 128;      // threads per CTA of every decode kernel
+constexpr int kMaxStateDim = 256;  // the widest state row a row group covers
+constexpr int kMaxRowsPerCta = 128;  // at most kThreads: the replay gives each chunk row a thread
+static_assert(kMaxRowsPerCta <= kThreads, "one thread per chunk row");
+constexpr int kMaxBufferLen = 64;
+constexpr int64_t kMaxSharedBytes = 48 * 1024;  // the default limit of dynamic shared memory
+
+// Shared memory of a decode CTA: an mbarrier, then the chunk's state tile (rows_per_cta x N
+// elements of the state type, 16-byte aligned for the bulk copy engine), then floats: for the
+// baseline x and z of the chunk's rows; for the replay the window's weights and B_j . C (one per
+// token), the checkpoint decay, z, and the window's x (L x (rows_per_cta + 1), padded against
+// bank conflicts).
+constexpr int64_t kTileOffset = 128;  // bytes
+constexpr int kWeightsOffset = 0;     // floats, from the end of the tile
+constexpr int kBCOffset = kMaxBufferLen;
+constexpr int kDecayOffset = 2 * kMaxBufferLen;
+constexpr int kWindowZOffset = 2 * kMaxBufferLen + 4;
+
+constexpr int64_t tile_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
+  return (rows_per_cta * state_dim * state_bytes + 15) / 16 * 16;
+}
+constexpr int64_t baseline_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
+  return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes) + 2 * rows_per_cta * 4;
+}
+constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
+                                    int64_t buffer_len) {
+  return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes) +
+         (kWindowZOffset + rows_per_cta + buffer_len * (rows_per_cta + 1)) * 4;
+}
+
+// The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any
+// N <= kMaxStateDim with scalar accesses (unaligned tensors, other state dims).
+enum class RowLayoutKind { kN64, kN128, kN256, kGeneric };
+
+// A "row group" of `lanes` consecutive lanes owns one state row at a time: lane l holds the
+// vectors l, l + lanes, ... of `vec` elements each, so a warp reads whole rows coalesced and the
+// row's dot product with C is summed over the row group by shuffles. Each thread keeps `rows` rows
+// at a time, for independent shuffle reductions.
+struct RowLayout {
+  int vec = 1;            // elements per access
+  int lanes = 32;         // lanes per row group (a power of two, at most 32)
+  int vecs_per_lane = 1;  // accesses per lane per row
+  int rows = 1;           // rows per thread per batch
+  int row_groups = kThreads / 32;
+  int batch_rows = kThreads / 32;  // rows per CTA per batch: rows * row_groups
+  int cover_n = kMaxStateDim;      // state values one row group covers
+};
+
+constexpr RowLayout make_row_layout(int state_bytes, RowLayoutKind kind) {
+  RowLayout l;
+  if (kind == RowLayoutKind::kGeneric) {
+    l.vec = 1;
+    l.lanes = 32;
+    l.cover_n = kMaxStateDim;
+  } else {
+    l.cover_n = kind == RowLayoutKind::kN64 ? 64 : kind == RowLayoutKind::kN128 ? 128 : 256;
+    l.vec = 16 / state_bytes;
+    l.lanes = l.cover_n / l.vec < 32 ? l.cover_n / l.vec : 32;
+  }
+  l.vecs_per_lane = l.cover_n / (l.vec * l.lanes);
+  l.rows = l.vecs_per_lane >= 4 ? 1 : 4 / l.vecs_per_lane;
+  l.row_groups = kThreads / l.lanes;
+  l.batch_rows = l.rows * l.row_groups;
+  return l;
+}
+
+}  // namespace replayssm::cuda

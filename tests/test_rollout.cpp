@@ -1,0 +1,167 @@
+// Multi-window rollouts of ReplaySSM and the baseline against the fp64 oracle, on every backend.
+#include <iostream>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/rollout.hpp"
+
+namespace replayssm::test {
+namespace {
+
+using DT = DType;
+using Route = ReplayRoute;
+
+RolloutConfig config(Geometry geometry, int64_t buffer_len, ReplayRoute route, DType state, DType act) {
+  RolloutConfig c;
+  c.geometry = geometry;
+  c.buffer_len = buffer_len;
+  c.route = route;
+  c.state_dtype = state;
+  c.act_dtype = act;
+  return c;
+}
+
+// A focused matrix: every value of every axis appears, not the cross product.
+std::vector<RolloutConfig> matrix_cases() {
+  std::vector<RolloutConfig> cases;
+  // Every (state, activation) dtype pair, each with another L and route.
+  cases.push_back(config(kOddGrouped, 16, Route::kOutputOnly, DT::kFloat32, DT::kFloat32));
+  cases.push_back(config(kOddWideState, 7, Route::kStateAndOutput, DT::kFloat32, DT::kFloat16));
+  cases.push_back(config(kOddGrouped, 32, Route::kAuto, DT::kFloat32, DT::kBFloat16));
+  cases.push_back(config(kOddWideState, 2, Route::kOutputOnly, DT::kFloat16, DT::kFloat32));
+  cases.push_back(config(kOddGrouped, 16, Route::kStateAndOutput, DT::kFloat16, DT::kFloat16));
+  cases.push_back(config(kSmall, 7, Route::kAuto, DT::kFloat16, DT::kBFloat16));
+  cases.push_back(config(kOddGrouped, 1, Route::kOutputOnly, DT::kBFloat16, DT::kFloat32));
+  cases.push_back(config(kOddWideState, 32, Route::kStateAndOutput, DT::kBFloat16, DT::kFloat16));
+  cases.push_back(config(kSmall, 16, Route::kAuto, DT::kBFloat16, DT::kBFloat16));
+
+  // Optional inputs: each one off, then all of them off.
+  RolloutConfig c = config(kOddGrouped, 7, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16);
+  c.with_D = false;
+  cases.push_back(c);
+  c = config(kOddWideState, 16, Route::kStateAndOutput, DT::kFloat32, DT::kFloat16);
+  c.with_z = false;
+  cases.push_back(c);
+  c = config(kOddGrouped, 2, Route::kAuto, DT::kBFloat16, DT::kBFloat16);
+  c.with_dt_bias = false;
+  cases.push_back(c);
+  c = config(kSmall, 16, Route::kOutputOnly, DT::kFloat32, DT::kFloat32);
+  c.dt_softplus = false;
+  cases.push_back(c);
+  c = config(kOddGrouped, 7, Route::kStateAndOutput, DT::kFloat16, DT::kFloat16);
+  c.with_D = c.with_z = c.with_dt_bias = c.dt_softplus = false;
+  cases.push_back(c);
+
+  // Broadcast layouts, dt in fp32 under 16-bit activations, 16-bit parameters, packed xBC.
+  c = config(kSmall, 16, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16);
+  c.dt_per_channel = true;
+  cases.push_back(c);
+  c = config(kOddGrouped, 7, Route::kStateAndOutput, DT::kFloat32, DT::kFloat16);
+  c.A_per_element = true;
+  cases.push_back(c);
+  c = config(kOddWideState, 16, Route::kAuto, DT::kBFloat16, DT::kBFloat16);
+  c.dt_per_channel = c.A_per_element = c.dt_float32 = true;
+  c.param_dtype = DT::kBFloat16;
+  cases.push_back(c);
+  c = config(kSmall, 16, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16);
+  c.packed_xbc = true;
+  cases.push_back(c);
+  c = config(kOddGrouped, 7, Route::kStateAndOutput, DT::kFloat16, DT::kFloat16);
+  c.packed_xbc = c.dt_float32 = true;
+  c.param_dtype = DT::kFloat16;
+  cases.push_back(c);
+
+  // state_batch_indices absent (after a padded prelude that desynchronises the rows), with
+  // batch == slots and with slots beyond the batch; a pad id other than -1.
+  c = config(kOddGrouped, 7, Route::kOutputOnly, DT::kFloat32, DT::kFloat32);
+  c.mapping = SlotMapping::kIdentity;
+  c.foreign_slots = 0;
+  cases.push_back(c);
+  c = config(kOddWideState, 16, Route::kStateAndOutput, DT::kFloat16, DT::kBFloat16);
+  c.mapping = SlotMapping::kIdentity;
+  cases.push_back(c);
+  c = config(kOddGrouped, 16, Route::kAuto, DT::kFloat32, DT::kFloat16);
+  c.pad_slot_id = 1000;
+  cases.push_back(c);
+
+  // The largest buffer.
+  cases.push_back(config(kOddGrouped, 64, Route::kAuto, DT::kFloat32, DT::kBFloat16));
+
+  // The real geometries, with few rows: one state slot is 1M elements.
+  for (auto [geometry, L, route, state, act] :
+       {std::tuple{kNemotronH, 16, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16},
+        std::tuple{kMamba2_2p7b, 7, Route::kStateAndOutput, DT::kBFloat16, DT::kBFloat16},
+        std::tuple{kNemotronNano4b, 7, Route::kAuto, DT::kFloat32, DT::kFloat16}}) {
+    c = config(geometry, L, route, state, act);
+    c.requests = 2;
+    c.foreign_slots = 1;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// The 1e-5 promise over >= 100 steps: fp32 state, each activation dtype.
+std::vector<RolloutConfig> long_cases() {
+  std::vector<RolloutConfig> cases;
+  for (auto [route, act] : {std::pair{Route::kOutputOnly, DT::kFloat32},
+                            std::pair{Route::kStateAndOutput, DT::kFloat16},
+                            std::pair{Route::kAuto, DT::kBFloat16}}) {
+    RolloutConfig c = config(kSmall, 16, route, DT::kFloat32, act);
+    c.steps = 120;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// Slots handed to new requests several times mid-run.
+std::vector<RolloutConfig> recycling_cases() {
+  RolloutConfig shuffled = config(kOddGrouped, 7, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16);
+  shuffled.recycles = 3;
+  RolloutConfig identity = config(kSmall, 16, Route::kStateAndOutput, DT::kBFloat16, DT::kFloat16);
+  identity.recycles = 3;
+  identity.mapping = SlotMapping::kIdentity;
+  return {shuffled, identity};
+}
+
+// Each case on the reference, CPU and CUDA backends.
+std::vector<RolloutConfig> on_every_backend(const std::vector<RolloutConfig>& cases) {
+  std::vector<RolloutConfig> all;
+  for (const RolloutConfig& c : cases)
+    for (Backend backend : {Backend::kReference, Backend::kCpu, Backend::kCuda}) {
+      all.push_back(c);
+      all.back().backend = backend;
+    }
+  return all;
+}
+
+class RolloutTest : public ::testing::TestWithParam<RolloutConfig> {};
+
+TEST_P(RolloutTest, MatchesOracle) {
+  const RolloutConfig& c = GetParam();
+  REPLAYSSM_SKIP_IF_UNAVAILABLE(c.backend);
+  Rollout rollout(c);
+  rollout.run();
+  const Report& r = rollout.report();
+  std::cout << r.summary() << "\n";
+  EXPECT_TRUE(r.passed()) << r.summary();
+  // The rollout did what it is for: it crossed flushes, buffered tokens and recycled slots.
+  EXPECT_GE(r.flush_rows, c.requests);
+  if (c.buffer_len > 1) {
+    EXPECT_GT(r.nonflush_rows, r.flush_rows);
+  }
+  EXPECT_EQ(r.recycled_slots, c.recycles);
+}
+
+std::string test_name(const ::testing::TestParamInfo<RolloutConfig>& info) {
+  return info.param.name() + "_" + backend_name(info.param.backend);
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, RolloutTest, ::testing::ValuesIn(on_every_backend(matrix_cases())), test_name);
+INSTANTIATE_TEST_SUITE_P(Long, RolloutTest, ::testing::ValuesIn(on_every_backend(long_cases())), test_name);
+INSTANTIATE_TEST_SUITE_P(RecycledSlots, RolloutTest, ::testing::ValuesIn(on_every_backend(recycling_cases())),
+                         test_name);
+
+}  // namespace
+}  // namespace replayssm::test

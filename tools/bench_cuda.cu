@@ -1,0 +1,244 @@
+// `replayssm bench --device cuda`: whole windows captured in CUDA graphs and replayed, enough
+// layer copies rotated to defeat the L2, medians, and the device-to-device copy bandwidth measured
+// in the same run.
+//
+// A window is L model steps; each step runs every layer copy (replay_decode, or
+// selective_state_update for the baseline) and then one replay_advance, since all the layers of a
+// model share one cursors tensor. Rows are desynchronised (row r starts at cursor r % L), so every
+// row flushes once per window, at different steps.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+#include "replayssm/error.hpp"
+#include "workload.hpp"
+
+namespace replayssm::tool {
+namespace {
+
+constexpr int64_t kCopyBufferBytes = int64_t(2) << 30;
+constexpr int kCopyRepetitions = 21;
+// Layer copies span at least twice the L2 in state, and no less than the 256 MiB that bench treats
+// as cold on any device.
+constexpr int64_t kL2Multiple = 2;
+constexpr int64_t kMinRotatedBytes = int64_t(256) << 20;
+constexpr uint64_t kSeed = 1;
+
+void check(cudaError_t status, const char* call, int line) {
+  if (status != cudaSuccess)
+    throw CudaError(std::string(call) + " failed: " + cudaGetErrorString(status) + " (" +
+                    __FILE__ + ":" + std::to_string(line) + ")");
+}
+
+#define BENCH_CUDA_CHECK(call) check((call), #call, __LINE__)
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Uniform values in [lo, hi) from a counter-based hash: fills large device tensors without a host
+// copy.
+template <typename T>
+__global__ void fill_uniform_kernel(T* data, int64_t count, uint64_t seed, float lo, float hi) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + uint64_t(i) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = float(z >> 40) * (1.0f / float(1 << 24));
+    data[i] = from_float<T>(lo + (hi - lo) * u);
+  }
+}
+
+void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) {
+  const TensorView& v = t.view();
+  const int64_t n = v.numel();
+  constexpr int kThreads = 256, kBlocks = 4096;
+  switch (v.dtype) {
+    case DType::kFloat16:
+      fill_uniform_kernel<<<kBlocks, kThreads>>>(static_cast<Half*>(v.data), n, seed, lo, hi);
+      break;
+    case DType::kBFloat16:
+      fill_uniform_kernel<<<kBlocks, kThreads>>>(static_cast<BFloat16*>(v.data), n, seed, lo, hi);
+      break;
+    default:
+      fill_uniform_kernel<<<kBlocks, kThreads>>>(static_cast<float*>(v.data), n, seed, lo, hi);
+      break;
+  }
+  BENCH_CUDA_CHECK(cudaGetLastError());
+}
+
+// One layer copy: parameters, inputs, state and history of its own; cursors are the model's.
+struct Layer {
+  Layer(Memory& memory, const LayerShape& shape, const BenchConfig& config, Random& random,
+        uint64_t seed)
+      : inputs(memory, shape, config.act_dtype),
+        cache(memory, shape, config.state_dtype, config.act_dtype),
+        out(make_out(memory, shape, config.act_dtype)) {
+    write_parameters(inputs, random_parameters(shape.geometry, random));
+    write_activations(inputs, random_activations(shape, config.act_dtype, random));
+    std::vector<double> rows(size_t(shape.batch));
+    for (int64_t r = 0; r < shape.batch; ++r) rows[size_t(r)] = double(r);
+    inputs.state_batch_indices.write(rows);
+    fill_uniform(cache.state, seed, -1.f, 1.f);
+    fill_uniform(cache.x_cache, seed + 1, -1.f, 1.f);
+    fill_uniform(cache.B_cache, seed + 2, -1.f, 1.f);
+    fill_uniform(cache.dt_cache, seed + 3, -1.f, 1.f);
+  }
+  StepInputs inputs;
+  SlotCache cache;
+  Tensor out;
+};
+
+class Graph {
+ public:
+  // Captures `record(stream)` on `stream`.
+  template <typename Record> Graph(cudaStream_t stream, Record&& record) {
+    BENCH_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    record();
+    cudaGraph_t graph = nullptr;
+    BENCH_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    const cudaError_t status = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    BENCH_CUDA_CHECK(status);
+  }
+  ~Graph() { cudaGraphExecDestroy(exec_); }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Seconds one replay takes on `stream`, between two events.
+  double time(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) const {
+    BENCH_CUDA_CHECK(cudaEventRecord(start, stream));
+    BENCH_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+    BENCH_CUDA_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms * 1e-3;
+  }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// The stream and the two timing events of a measurement.
+struct Timer {
+  Timer() {
+    BENCH_CUDA_CHECK(cudaSetDevice(0));
+    BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    BENCH_CUDA_CHECK(cudaEventCreate(&start));
+    BENCH_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~Timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaStreamDestroy(stream);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+};
+
+}  // namespace
+
+CopyBandwidth measure_cuda_copy_bandwidth() {
+  Timer timer;
+  void *src = nullptr, *dst = nullptr;
+  BENCH_CUDA_CHECK(cudaMalloc(&src, size_t(kCopyBufferBytes)));
+  BENCH_CUDA_CHECK(cudaMalloc(&dst, size_t(kCopyBufferBytes)));
+  BENCH_CUDA_CHECK(cudaMemset(src, 1, size_t(kCopyBufferBytes)));
+  CopyBandwidth result;
+  result.buffer_bytes = kCopyBufferBytes;
+  result.repetitions = kCopyRepetitions;
+  std::vector<double> rates;
+  for (int r = 0; r <= kCopyRepetitions; ++r) {  // the first copy warms up
+    BENCH_CUDA_CHECK(cudaEventRecord(timer.start, timer.stream));
+    BENCH_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(kCopyBufferBytes), cudaMemcpyDeviceToDevice,
+                                     timer.stream));
+    BENCH_CUDA_CHECK(cudaEventRecord(timer.stop, timer.stream));
+    BENCH_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+    float ms = 0;
+    BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
+    if (r > 0) rates.push_back(2.0 * double(kCopyBufferBytes) / (ms * 1e-3));
+  }
+  BENCH_CUDA_CHECK(cudaFree(src));
+  BENCH_CUDA_CHECK(cudaFree(dst));
+  result.best_bytes_per_s = *std::max_element(rates.begin(), rates.end());
+  result.median_bytes_per_s = median(rates);
+  return result;
+}
+
+ConfigTiming time_cuda_configuration(const BenchConfig& config) {
+  Timer timer;
+  int l2_bytes = 0;
+  BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+  LayerShape shape;
+  shape.geometry = config.geometry;
+  shape.batch = config.batch;
+  shape.slots = config.batch;
+  shape.buffer_len = config.buffer_len;
+  const Geometry& g = config.geometry;
+  const int64_t state_bytes =
+      config.batch * g.heads * g.head_dim * g.state_dim * dtype_size(config.state_dtype);
+
+  ConfigTiming timing;
+  const int64_t cold = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
+  timing.layers = std::max<int64_t>(1, (cold + state_bytes - 1) / state_bytes);
+  timing.rotated_state_bytes = timing.layers * state_bytes;
+  const std::unique_ptr<Memory> memory = make_cuda_memory();
+  Random random(kSeed);
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (int64_t i = 0; i < timing.layers; ++i)
+    layers.push_back(std::make_unique<Layer>(*memory, shape, config, random, kSeed + 16 * i));
+  Tensor cursors(*memory, DType::kInt32, {shape.slots});
+  std::vector<double> start_positions(size_t(shape.slots));
+  for (int64_t r = 0; r < shape.slots; ++r) start_positions[size_t(r)] = double(r % config.buffer_len);
+  cursors.write(start_positions);
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+
+  ExecOptions options;
+  options.backend = Backend::kCuda;
+  options.cuda_stream = timer.stream;
+  const TensorView indices = layers.front()->inputs.state_batch_indices.view();
+  const Graph baseline(timer.stream, [&] {
+    for (int64_t s = 0; s < config.buffer_len; ++s)
+      for (const auto& layer : layers)
+        selective_state_update(layer->cache.state.view(), make_step(layer->inputs, layer->out),
+                               options);
+  });
+  const Graph replay(timer.stream, [&] {
+    for (int64_t s = 0; s < config.buffer_len; ++s) {
+      for (const auto& layer : layers) {
+        ReplayCache cache = make_cache(layer->cache);
+        cache.cursors = cursors.view();
+        replay_decode(cache, make_step(layer->inputs, layer->out), config.route, options);
+      }
+      replay_advance(cursors.view(), config.buffer_len, indices, kPadSlot, options);
+    }
+  });
+
+  // Windows alternate between the two so that a change in the machine's state hits both alike.
+  // The baseline overwrites the states that ReplaySSM uses as checkpoints: timing does not depend
+  // on the values, and both keep them bounded.
+  baseline.time(timer.stream, timer.start, timer.stop);
+  replay.time(timer.stream, timer.start, timer.stop);
+  for (int w = 0; w < config.windows; ++w) {
+    timing.baseline_window_s.push_back(baseline.time(timer.stream, timer.start, timer.stop));
+    timing.replay_window_s.push_back(replay.time(timer.stream, timer.start, timer.stop));
+  }
+  const double steps = double(config.buffer_len * timing.layers);
+  timing.baseline_step_s = median(timing.baseline_window_s) / steps;
+  timing.replay_step_s = median(timing.replay_window_s) / steps;
+  return timing;
+}
+
+}  // namespace replayssm::tool

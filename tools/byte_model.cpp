@@ -1,0 +1,29 @@
+#include "byte_model.hpp"
+
+namespace replayssm::tool {
+
+// Per (row, head), with s / a the state / activation element sizes and r heads per group:
+//   baseline  2 P N s + 2 P a + 2 N a / r
+//   replay    P N s (1 + 1/L) + [(L-1)/2 + (L-1)/L] (P a + 4 + N a / r) + 2 P a + 2 N a / r
+// The replay history term: on average (L-1)/2 cached tokens are read and (L-1)/L are appended,
+// each of P activations, one fp32 dt, and its share N a / r of the group's B.
+
+double baseline_bytes_per_step(const Geometry& g, int64_t batch, DType state, DType act) {
+  const double P = double(g.head_dim), N = double(g.state_dim), r = double(g.heads_per_group());
+  const double s = double(dtype_size(state)), a = double(dtype_size(act));
+  const double per_head = 2 * P * N * s + 2 * P * a + 2 * N * a / r;
+  return per_head * double(batch) * double(g.heads);
+}
+
+double replay_bytes_per_step(const Geometry& g, int64_t batch, int64_t buffer_len, DType state,
+                             DType act) {
+  const double P = double(g.head_dim), N = double(g.state_dim), r = double(g.heads_per_group());
+  const double s = double(dtype_size(state)), a = double(dtype_size(act));
+  const double L = double(buffer_len);
+  const double history_tokens = (L - 1) / 2 + (L - 1) / L;
+  const double per_head = P * N * s * (1 + 1 / L) + history_tokens * (P * a + 4 + N * a / r) +
+                          2 * P * a + 2 * N * a / r;
+  return per_head * double(batch) * double(g.heads);
+}
+
+}  // namespace replayssm::tool
