@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/mamba2_math.hpp"
@@ -17,7 +18,8 @@ constexpr int64_t kMaxTokens = 64;  // history plus the current token, at most L
 constexpr int kLanes = 8;
 constexpr int kTileVecs = 2;
 constexpr int64_t kTile = kLanes * kTileVecs;
-constexpr int kRows = 4;
+constexpr int kRows = 4;       // rows of a register tile
+constexpr int kReadHeads = 8;  // heads whose checkpoints the output-only route reads at once
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
 Vec load_vec(const float* src) {
@@ -32,18 +34,56 @@ float horizontal_sum(Vec v) {
   return sum;
 }
 
-// kLanes elements of a state row widened to fp32; past `valid` (a partial tile) zeros.
-template <bool kFull, typename S> Vec load_widened(const S* src, int64_t valid) {
+typedef uint32_t Bits __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef uint16_t Bits16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+
+// kLanes consecutive elements widened to fp32, as whole vectors where the format allows it
+// (a per-lane loop through memory does not compile to vector loads).
+Vec widen_vec(const float* src) { return load_vec(src); }
+
+Vec widen_vec(const BFloat16* src) {
+  Bits16 half;
+  std::memcpy(&half, src, sizeof(half));
+  const Bits bits = __builtin_convertvector(half, Bits) << 16;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+Vec widen_vec(const Half* src) {
   float lanes[kLanes];
-  for (int l = 0; l < kLanes; ++l) lanes[l] = (kFull || l < valid) ? to_float(src[l]) : 0.f;
+  for (int l = 0; l < kLanes; ++l) lanes[l] = to_float(src[l]);
+  return load_vec(lanes);
+}
+
+// The same rounding as from_float<S>, kLanes at a time.
+void narrow_vec(Vec v, float* dst) { std::memcpy(dst, &v, sizeof(v)); }
+
+void narrow_vec(Vec v, BFloat16* dst) {
+  Bits u;
+  std::memcpy(&u, &v, sizeof(u));
+  const Bits nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
+  const Bits rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const Bits16 out = __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & rounded), Bits16);
+  std::memcpy(dst, &out, sizeof(out));
+}
+
+void narrow_vec(Vec v, Half* dst) {
+  for (int l = 0; l < kLanes; ++l) dst[l] = from_float<Half>(v[l]);
+}
+
+// A partial vector (the last tile of a state dim that is not a multiple of kLanes): past
+// `valid`, zeros in and nothing out.
+template <bool kFull, typename S> Vec load_widened(const S* src, int64_t valid) {
+  if (kFull) return widen_vec(src);
+  float lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = l < valid ? to_float(src[l]) : 0.f;
   return load_vec(lanes);
 }
 
 template <bool kFull, typename S> void store_narrowed(Vec v, S* dst, int64_t valid) {
-  float lanes[kLanes];
-  std::memcpy(lanes, &v, sizeof(v));
-  for (int l = 0; l < kLanes; ++l)
-    if (kFull || l < valid) dst[l] = from_float<S>(lanes[l]);
+  if (kFull) return narrow_vec(v, dst);
+  for (int l = 0; l < valid && l < kLanes; ++l) dst[l] = from_float<S>(v[l]);
 }
 
 template <typename T> const T* at(const void* base, int64_t offset) {
@@ -66,6 +106,15 @@ float dot(const float* a, const float* b, int64_t n) {
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
+}
+
+// Visits the rows [0, P) in blocks of R rows spaced P / R apart, then the leftover rows one by
+// one: fn(std::integral_constant<int, rows>, first, stride). Rows far apart are R memory streams
+// in flight at once; one stream per core falls well short of a CPU's memory bandwidth.
+template <int R, typename Fn> void for_row_blocks(int64_t P, const Fn& fn) {
+  const int64_t stride = P / R;
+  for (int64_t i = 0; i < stride; ++i) fn(std::integral_constant<int, R>{}, i, stride);
+  for (int64_t i = stride * R; i < P; ++i) fn(std::integral_constant<int, 1>{}, i, int64_t(1));
 }
 
 // Per-thread scratch, grown once and reused: no allocation in steady state.
@@ -107,9 +156,9 @@ template <typename S, typename Act> class HeadKernel {
   HeadKernel(const Mamba2Params& p, int64_t max_tokens)
       : p_(p), n_pad_(round_up(p.state_dim, kTile)), max_tokens_(max_tokens) {}
 
-  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P).
+  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P), dots (heads per group, P).
   int64_t scratch_floats() const {
-    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_) * p_.head_dim;
+    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_ + p_.heads_per_group) * p_.head_dim;
   }
 
   void load_group(GroupWindow& gw, const void* const* B, int64_t row, int64_t g, float* work,
@@ -129,6 +178,7 @@ template <typename S, typename Act> class HeadKernel {
 
   float* y_of(float* work) const { return work + (1 + max_tokens_) * n_pad_; }
   float* a_of(float* work) const { return y_of(work) + p_.head_dim; }
+  float* dots_of(float* work) const { return a_of(work) + max_tokens_ * p_.head_dim; }
 
   // State-and-output: S = decay S0 + sum_j (weight_j x_j) B_j^T in register tiles, y = S C; the
   // state is stored back when `store` (a flush, or the baseline).
@@ -139,17 +189,23 @@ template <typename S, typename Act> class HeadKernel {
       const Act* x = static_cast<const Act*>(hw.x[j]);
       for (int64_t i = 0; i < P; ++i) a[j * P + i] = hw.weight[j] * to_float(x[i]);
     }
-    int64_t i = 0;
-    for (; i + kRows <= P; i += kRows) rows<kRows>(gw, hw, state, store, a, i, y);
-    for (; i < P; ++i) rows<1>(gw, hw, state, store, a, i, y);
+    for_row_blocks<kRows>(P, [&](auto block, int64_t first, int64_t stride) {
+      rows<decltype(block)::value>(gw, hw, state, store, a, first, stride, y);
+    });
   }
 
-  // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j; the state is only read.
-  void output_only(const GroupWindow& gw, const HeadWindow& hw, const S* state, float* y) const {
+  // dots (heads, P) = S0_h C for `heads` consecutive heads of one group (they share C). Heads are
+  // read kReadHeads at a time, each row after row: long sequential streams, several in flight.
+  void checkpoint_dots(const S* state, int64_t heads, const float* C, float* dots) const {
+    int64_t h = 0;
+    for (; h + kReadHeads <= heads; h += kReadHeads) heads_dot_C<kReadHeads>(state, h, C, dots);
+    for (; h < heads; ++h) heads_dot_C<1>(state, h, C, dots);
+  }
+
+  // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j, from the head's S0 C.
+  void output_only(const GroupWindow& gw, const HeadWindow& hw, const float* dots, float* y) const {
     const int64_t P = p_.head_dim;
-    int64_t i = 0;
-    for (; i + kRows <= P; i += kRows) checkpoint_rows_dot_C<kRows>(gw.C, hw.checkpoint_decay, state, i, y);
-    for (; i < P; ++i) checkpoint_rows_dot_C<1>(gw.C, hw.checkpoint_decay, state, i, y);
+    for (int64_t i = 0; i < P; ++i) y[i] = hw.checkpoint_decay * dots[i];
     for (int64_t j = 0; j < gw.count; ++j) {
       const float coef = hw.weight[j] * gw.bc[j];
       const Act* x = static_cast<const Act*>(hw.x[j]);
@@ -172,56 +228,61 @@ template <typename S, typename Act> class HeadKernel {
   }
 
  private:
-  // y[i] = decay (S0[i, :] . C) for rows [i0, i0 + R): several rows in flight per pass.
-  template <int R>
-  void checkpoint_rows_dot_C(const float* C, float decay, const S* state, int64_t i0, float* y) const {
-    Vec acc[R] = {};
-    for (int64_t n0 = 0; n0 < p_.state_dim; n0 += kLanes) {
-      const Vec c = load_vec(C + n0);
-      const int64_t valid = p_.state_dim - n0;
-      for (int r = 0; r < R; ++r) {
-        const S* s = state + (i0 + r) * p_.state_stride_p + n0;
-        acc[r] += (valid >= kLanes ? load_widened<true>(s, valid) : load_widened<false>(s, valid)) * c;
+  // dots[h0 + r][i] = S0_{h0 + r}[i, :] . C for r < R, every row i.
+  template <int R> void heads_dot_C(const S* state, int64_t h0, const float* C, float* dots) const {
+    const int64_t N = p_.state_dim;
+    for (int64_t i = 0; i < p_.head_dim; ++i) {
+      Vec acc[R] = {};
+      const S* row = state + h0 * p_.state_stride_head + i * p_.state_stride_p;
+      int64_t n0 = 0;
+      for (; n0 + kLanes <= N; n0 += kLanes) {
+        const Vec c = load_vec(C + n0);
+        for (int r = 0; r < R; ++r) acc[r] += widen_vec(row + r * p_.state_stride_head + n0) * c;
       }
+      if (n0 < N) {
+        const Vec c = load_vec(C + n0);
+        for (int r = 0; r < R; ++r)
+          acc[r] += load_widened<false>(row + r * p_.state_stride_head + n0, N - n0) * c;
+      }
+      for (int r = 0; r < R; ++r) dots[(h0 + r) * p_.head_dim + i] = horizontal_sum(acc[r]);
     }
-    for (int r = 0; r < R; ++r) y[i0 + r] = decay * horizontal_sum(acc[r]);
   }
 
-  // Rows [i0, i0 + R) of the state, tile by tile.
+  // Rows i0 + r * stride (r < R) of the state, tile by tile.
   template <int R>
   void rows(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, const float* a,
-            int64_t i0, float* y) const {
+            int64_t i0, int64_t stride, float* y) const {
     Vec y_part[R][kTileVecs] = {};
     for (int64_t n0 = 0; n0 < p_.state_dim; n0 += kTile) {
       if (n0 + kTile <= p_.state_dim)
-        tile<R, true>(gw, hw, state, store, a, i0, n0, y_part);
+        tile<R, true>(gw, hw, state, store, a, i0, stride, n0, y_part);
       else
-        tile<R, false>(gw, hw, state, store, a, i0, n0, y_part);
+        tile<R, false>(gw, hw, state, store, a, i0, stride, n0, y_part);
     }
     for (int r = 0; r < R; ++r) {
       Vec sum = {};
       for (int v = 0; v < kTileVecs; ++v) sum += y_part[r][v];
-      y[i0 + r] = horizontal_sum(sum);
+      y[i0 + r * stride] = horizontal_sum(sum);
     }
   }
 
   template <int R, bool kFullTile>
   void tile(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, const float* a,
-            int64_t i0, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
+            int64_t i0, int64_t stride, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
     const int64_t P = p_.head_dim;
     const int64_t width = kFullTile ? kTile : p_.state_dim - n0;
     Vec acc[R][kTileVecs];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < kTileVecs; ++v)
         acc[r][v] = hw.checkpoint_decay *
-                    load_widened<kFullTile>(state + (i0 + r) * p_.state_stride_p + n0 + v * kLanes,
+                    load_widened<kFullTile>(state + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,
                                             width - v * kLanes);
     for (int64_t j = 0; j < gw.count; ++j) {
       const float* b = gw.Bf + j * n_pad_ + n0;
       Vec bv[kTileVecs];
       for (int v = 0; v < kTileVecs; ++v) bv[v] = load_vec(b + v * kLanes);
       for (int r = 0; r < R; ++r) {
-        const float ar = a[j * P + i0 + r];
+        const float ar = a[j * P + i0 + r * stride];
         for (int v = 0; v < kTileVecs; ++v) acc[r][v] += ar * bv[v];
       }
     }
@@ -230,7 +291,7 @@ template <typename S, typename Act> class HeadKernel {
     if (store)
       for (int r = 0; r < R; ++r)
         for (int v = 0; v < kTileVecs; ++v)
-          store_narrowed<kFullTile>(acc[r][v], state + (i0 + r) * p_.state_stride_p + n0 + v * kLanes,
+          store_narrowed<kFullTile>(acc[r][v], state + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,
                                     width - v * kLanes);
   }
 
@@ -261,6 +322,7 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
     float* work = scratch(kernel.scratch_floats());
     float* y = kernel.y_of(work);
     float* a = kernel.a_of(work);
+    float* dots = kernel.dots_of(work);
     const void* B[kMaxTokens];
     float raw_dt[kMaxTokens];
     for (int64_t item = begin; item < end; ++item) {
@@ -282,6 +344,8 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
       for (int64_t j = 0; j < fill; ++j) B[j] = B_hist + j * replay->Bc_stride_pos * act;
       B[fill] = at<Act>(p.B, row * p.B_stride_batch + g * p.B_stride_group);
       kernel.load_group(gw, B, row, g, work, row_output_only);
+      S* group_state = at<S>(p.state, slot * p.state_stride_slot + h_begin * p.state_stride_head);
+      if (row_output_only) kernel.checkpoint_dots(group_state, h_end - h_begin, gw.C, dots);
 
       for (int64_t h = h_begin; h < h_end; ++h) {
         HeadWindow hw;
@@ -300,11 +364,10 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
         hw.weigh(gw.count, raw_dt, head_scalar(p.A, h, 0.f), head_scalar(p.dt_bias, h, 0.f),
                  p.dt_softplus);
 
-        S* state = at<S>(p.state, slot * p.state_stride_slot + h * p.state_stride_head);
         if (row_output_only)
-          kernel.output_only(gw, hw, state, y);
+          kernel.output_only(gw, hw, dots + (h - h_begin) * p.head_dim, y);
         else
-          kernel.state_and_output(gw, hw, state, flush, y, a);
+          kernel.state_and_output(gw, hw, group_state + (h - h_begin) * p.state_stride_head, flush, y, a);
         kernel.finish(y, row, h);
 
         if (!flush) {  // append the token; heads of a group share B, the first one stores it

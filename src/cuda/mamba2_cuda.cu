@@ -22,6 +22,7 @@ namespace {
 constexpr int64_t kTargetCtasPerSm = 16;
 constexpr int kMaxDevices = 64;
 constexpr int kCursorThreads = 256;
+constexpr int64_t kMaxGridRows = 65535;  // batch rows run along the grid's y axis
 
 int sm_count() {
   static std::atomic<int> cached[kMaxDevices];
@@ -73,9 +74,10 @@ int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta) {
   return p.batch * p.nheads * ((p.head_dim + rows_per_cta - 1) / rows_per_cta);
 }
 
-int64_t smem_bytes(const Mamba2Params& p, const ReplayParams* replay, int64_t rows_per_cta) {
+int64_t smem_bytes(const Mamba2Params& p, const ReplayParams* replay, const RowLayout& l,
+                   int64_t rows_per_cta) {
   const int64_t s = dtype_size(p.state_dtype);
-  return replay ? replay_smem_bytes(rows_per_cta, p.state_dim, s, replay->buffer_len)
+  return replay ? replay_smem_bytes(rows_per_cta, p.state_dim, s, replay->buffer_len, l.lanes)
                 : baseline_smem_bytes(rows_per_cta, p.state_dim, s);
 }
 
@@ -86,16 +88,16 @@ int rows_per_cta_for(const Mamba2Params& p, const ReplayParams* replay, RowLayou
   int64_t rows = round_up(std::min<int64_t>(p.head_dim, kMaxRowsPerCta), l.batch_rows);
   if (config.rows_per_cta > 0) rows = std::min(rows, round_up(config.rows_per_cta, l.batch_rows));
   auto smaller = [&](int64_t r) { return std::max<int64_t>(l.batch_rows, round_up(r / 2, l.batch_rows)); };
-  while (rows > l.batch_rows && smem_bytes(p, replay, rows) > kMaxSharedBytes) rows = smaller(rows);
+  while (rows > l.batch_rows && smem_bytes(p, replay, l, rows) > kMaxSharedBytes) rows = smaller(rows);
   if (config.rows_per_cta <= 0) {
     const int64_t target = kTargetCtasPerSm * sm_count();
     while (rows > l.batch_rows && ctas_for(p, rows) < target) rows = smaller(rows);
   }
-  const int64_t ctas = ctas_for(p, rows);
-  if (ctas > INT_MAX)
-    throw InvalidArgument("replayssm: batch=" + std::to_string(p.batch) + " x nheads=" +
-                          std::to_string(p.nheads) + " needs " + std::to_string(ctas) +
-                          " CTAs, more than the CUDA grid limit " + std::to_string(INT_MAX));
+  const int64_t head_ctas = p.nheads * ((p.head_dim + rows - 1) / rows);
+  if (p.batch > kMaxGridRows || head_ctas > INT_MAX)
+    throw InvalidArgument("replayssm: batch=" + std::to_string(p.batch) + " and nheads=" +
+                          std::to_string(p.nheads) + " exceed the CUDA grid: the CUDA backend takes " +
+                          "at most " + std::to_string(kMaxGridRows) + " rows a call");
   return int(rows);
 }
 

@@ -3,9 +3,9 @@
 //
 // One CTA handles one (batch row, head, chunk of head_dim rows). Its first thread starts the bulk
 // copy of the chunk's state rows into shared memory (one instruction per chunk, completing on an
-// mbarrier) as soon as the row's slot is known; everything else the CTA needs is loaded while that
-// copy is in flight, so each CTA waits on about one memory round trip. All arithmetic is fp32 FMA
-// on values widened from their storage type; nothing is rounded to 16 bits before a final store.
+// mbarrier) as soon as the row's slot is known; the CTA's other loads and its window work run while
+// that copy is in flight. All arithmetic is fp32 FMA on values widened from their storage type;
+// nothing is rounded to 16 bits before a final store.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +19,9 @@
 namespace replayssm::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
+// Registers are capped so that this many CTAs fit an SM (80 registers a thread): about as many as
+// the shared memory of a whole-head fp32 tile allows.
+constexpr int kMinCtasPerSm = 6;
 
 // K consecutive elements of T moved as one access (two for 32 bytes).
 template <typename T, int K>
@@ -116,6 +119,26 @@ template <typename S, RowLayoutKind kKind> struct Layout {
   static constexpr int kBatchRows = kSpec.batch_rows;
   static constexpr int kCoverN = kSpec.cover_n;
 };
+
+// Lane k < kRows of each row group finishes row k of the batch (the reduction left every lane of
+// the group with all kRows sums): out_i = (y_i + D x_i) * silu(z_i), rounded to Act. x and z hold
+// the chunk's rows.
+template <typename Ly, typename Act>
+__device__ __forceinline__ void store_outputs(Act* out, const float (&y)[Ly::kRows], int batch,
+                                              int group, int lane, int rows, float D,
+                                              const float* x, const float* z) {
+  float mine = y[0];
+#pragma unroll
+  for (int k = 1; k < Ly::kRows; ++k) {
+    if (lane == k) mine = y[k];
+  }
+  const int i = batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
+  if (lane < Ly::kRows && i < rows) {
+    float v = mine + D * x[i];
+    if (z) v *= silu(z[i]);
+    out[i] = from_float<Act>(v);
+  }
+}
 
 // Sum over the kLanes lanes of a row group; every lane gets the sum. All 32 lanes must call it.
 template <int kLanes, int kCount> __device__ __forceinline__ void row_group_sums(float (&v)[kCount]) {
@@ -248,39 +271,37 @@ __device__ __forceinline__ float head_value(const HeadScalar& s, int64_t h, floa
   return s.data ? load_as<float>(s.data, s.dtype, h * s.stride) : absent;
 }
 
-// The (row, head, chunk) a CTA works on; blocks are ordered chunk fastest, then head, so the heads
-// of one group run side by side and share their B history in L2.
+// The (row, head, chunk) a CTA works on: blockIdx.x = head * chunks + chunk, blockIdx.y = row, so
+// that the heads of one group run side by side and share their B history in L2. Index arithmetic
+// stays in 32 bits (64-bit division is a long subroutine).
 struct CtaWork {
-  int64_t row, head;
+  int row, head, group;  // group: the head's group of B and C
   int chunk;
   int first;  // first head_dim row of the chunk
   int rows;   // head_dim rows in the chunk
 };
 
 __device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_cta) {
-  const int chunks = int((p.head_dim + rows_per_cta - 1) / rows_per_cta);
+  const unsigned chunks = unsigned((int(p.head_dim) + rows_per_cta - 1) / rows_per_cta);
   CtaWork w;
-  w.chunk = int(blockIdx.x % unsigned(chunks));
-  const int64_t head_row = blockIdx.x / unsigned(chunks);
-  w.head = head_row % p.nheads;
-  w.row = head_row / p.nheads;
+  w.chunk = int(blockIdx.x % chunks);
+  w.head = int(blockIdx.x / chunks);
+  w.group = w.head / int(p.heads_per_group);
+  w.row = int(blockIdx.y);
   w.first = w.chunk * rows_per_cta;
   w.rows = min(rows_per_cta, int(p.head_dim) - w.first);
   return w;
 }
 
-// out_i = (y_i + D x_i) * silu(z_i), rounded to Act.
-template <typename Act>
-__device__ __forceinline__ void store_output(Act* out, float y, float D, float x, bool gated,
-                                             float z) {
-  float v = y + D * x;
-  if (gated) v *= silu(z);
-  *out = from_float<Act>(v);
+// Thread 0 waits for the tile while the others wait at the CTA barrier (no spinning warps).
+template <typename Ly> __device__ __forceinline__ void wait_tile_all(uint64_t* barrier) {
+  if (threadIdx.x == 0) wait_tile<Ly>(barrier);
+  __syncthreads();
 }
 
 // Baseline: S = exp(A dt) S + dt x B^T, y = S C; reads and writes the whole state.
 template <typename S, typename Act, RowLayoutKind kKind>
-__global__ void __launch_bounds__(kThreads) state_update_kernel(const Mamba2Params p,
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(const Mamba2Params p,
                                                                 int rows_per_cta) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -298,7 +319,7 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const Mamba2Para
              w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
-  const int64_t g = w.head / p.heads_per_group;
+  const int64_t g = w.group;
   const float A = head_value(p.A, w.head, 0.f);
   const float dt = effective_dt(load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch +
                                                                       w.head * p.dt_stride_head),
@@ -320,8 +341,7 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const Mamba2Para
     if (gated) z_s[i] = to_float(load_one(z + i));
   }
   const float decay = expf(A * dt);
-  __syncthreads();
-  wait_tile<Ly>(barrier);
+  wait_tile_all<Ly>(barrier);
 
   Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + w.head * p.out_stride_head +
              w.first;  // (rows)
@@ -346,12 +366,7 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const Mamba2Para
       if (i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s, lane, N);
     }
     row_group_sums<Ly::kLanes>(y);
-#pragma unroll
-    for (int k = 0; k < Ly::kRows; ++k) {
-      const int i = chunk_row<Ly>(batch, k, group);
-      if (lane == 0 && i < w.rows)
-        store_output(out + i, y[k], D, x_s[i], gated, gated ? z_s[i] : 0.f);
-    }
+    store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s, gated ? z_s : nullptr);
   }
 }
 
@@ -396,7 +411,7 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int cur
 // route computes y = decay (S0 C) + sum_j weight_j (B_j . C) x_j without forming S. Non-flush rows
 // append x, B (first head of the group) and the raw dt at position `cursor`.
 template <typename S, typename Act, RowLayoutKind kKind>
-__global__ void __launch_bounds__(kThreads) replay_decode_kernel(const ReplayParams p,
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
                                                                  int rows_per_cta,
                                                                  bool output_only) {
   using Ly = Layout<S, kKind>;
@@ -408,7 +423,7 @@ __global__ void __launch_bounds__(kThreads) replay_decode_kernel(const ReplayPar
       smem + kTileOffset + tile_bytes(rows_per_cta, row_elements<Ly>(N), sizeof(S)));
   float* z_s = window + kWindowZOffset;   // (rows)
   float* x_s = z_s + rows_per_cta;        // (count, pitch)
-  const int pitch = rows_per_cta + 1;
+  const int pitch = int(window_pitch(rows_per_cta, Ly::kLanes));
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
   const int64_t slot = device_slot(p, w.row);
@@ -417,7 +432,7 @@ __global__ void __launch_bounds__(kThreads) replay_decode_kernel(const ReplayPar
              w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
-  const int64_t g = w.head / p.heads_per_group;
+  const int64_t g = w.group;
   const int L = int(p.buffer_len);
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
   // Loads that do not depend on the cursor, in flight together with it.
@@ -440,7 +455,7 @@ __global__ void __launch_bounds__(kThreads) replay_decode_kernel(const ReplayPar
                               w.head * p.z_stride_head + w.first + threadIdx.x))
           : 0.f;
   // The first head of a group appends B: elements threadIdx.x and threadIdx.x + kThreads.
-  const bool appends_B = w.chunk == 0 && w.head % p.heads_per_group == 0;
+  const bool appends_B = w.chunk == 0 && w.head == w.group * int(p.heads_per_group);
   Act B_mine[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -477,7 +492,7 @@ __global__ void __launch_bounds__(kThreads) replay_decode_kernel(const ReplayPar
   // each thread) are all issued before any is used: one memory round trip for windows up to
   // kEarlyRounds * row_groups tokens and kEarlyX * x_step tokens of x (L = 16 with whole heads of
   // 64); the loops after them finish longer windows.
-  constexpr int kEarlyRounds = 4, kEarlyX = 8;
+  constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups, kEarlyX = 8;
   float raw_dt[2] = {raw_dt_now, raw_dt_now};
   if (threadIdx.x < 32) {
 #pragma unroll
@@ -559,101 +574,75 @@ __global__ void __launch_bounds__(kThreads) replay_decode_kernel(const ReplayPar
       if (n < N) B_hist[cursor * p.Bc_stride_pos + n] = B_mine[h];
     }
   }
-  __syncthreads();
-  wait_tile<Ly>(barrier);
+  wait_tile_all<Ly>(barrier);
 
   const float decay = window[kDecayOffset];
-  // Output-only: lane l adds the history terms of tokens l, l + kLanes, ... of every row it sums.
-  constexpr int kCoefs = kMaxBufferLen / Ly::kLanes;
-  float coef[kCoefs];
-#pragma unroll
-  for (int m = 0; m < kCoefs; ++m) {
-    const int j = lane + m * Ly::kLanes;
-    coef[m] = !form_state && j < count ? window[kWeightsOffset + j] * window[kBCOffset + j] : 0.f;
+  // Output-only: the history coefficient weight_j (B_j . C) of each token, in place of B_j . C.
+  if (!form_state) {
+    if (int(threadIdx.x) < count) window[kBCOffset + threadIdx.x] *= window[kWeightsOffset + threadIdx.x];
+    __syncthreads();
   }
+  const float* coef = window + kBCOffset;  // (count), output-only
   Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + w.head * p.out_stride_head +
              w.first;  // (rows)
   const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
   for (int batch = 0; batch < batches; ++batch) {
     float y[Ly::kRows];
-    if (form_state) {
-      float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
 #pragma unroll
-      for (int k = 0; k < Ly::kRows; ++k) {
-        tile_row<S, Ly>(tile, chunk_row<Ly>(batch, k, group), w.rows, lane, N, s[k]);
+    for (int k = 0; k < Ly::kRows; ++k) {
+      const int i = chunk_row<Ly>(batch, k, group);
+      float s[Ly::kVecsPerLane][Ly::kVec];
+      tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
+      if (form_state) {  // one row at a time: its state stays in registers across the tokens
 #pragma unroll
         for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) s[k][v][e] *= decay;
+          for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay;
         }
-      }
-      constexpr int kTokensInFlight = 4;
-      for (int j0 = 0; j0 < count; j0 += kTokensInFlight) {
-        Pack<Act, Ly::kVec> bj[kTokensInFlight][Ly::kVecsPerLane];
+        constexpr int kTokensInFlight = 2;
+        for (int j0 = 0; j0 < count; j0 += kTokensInFlight) {
+          Pack<Act, Ly::kVec> bj[kTokensInFlight][Ly::kVecsPerLane];
 #pragma unroll
-        for (int t = 0; t < kTokensInFlight; ++t) {
-          if (j0 + t < count) load_slice_packs<Ly>(B_of(j0 + t), lane, N, bj[t]);
-        }
+          for (int t = 0; t < kTokensInFlight; ++t) {
+            if (j0 + t < count) load_slice_packs<Ly>(B_of(j0 + t), lane, N, bj[t]);
+          }
 #pragma unroll
-        for (int t = 0; t < kTokensInFlight; ++t) {
-          const int j = j0 + t;
-          if (j >= count) break;
-          float b[Ly::kVecsPerLane][Ly::kVec];
-          widen_slice<Ly>(bj[t], b);
-          const float weight = window[kWeightsOffset + j];
-#pragma unroll
-          for (int k = 0; k < Ly::kRows; ++k) {
-            const int i = chunk_row<Ly>(batch, k, group);
-            const float a = i < w.rows ? weight * x_s[j * pitch + i] : 0.f;
+          for (int t = 0; t < kTokensInFlight; ++t) {
+            const int j = j0 + t;
+            if (j >= count) break;
+            float b[Ly::kVecsPerLane][Ly::kVec];
+            widen_slice<Ly>(bj[t], b);
+            const float a = i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f;
 #pragma unroll
             for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
-              for (int e = 0; e < Ly::kVec; ++e) s[k][v][e] = fmaf(a, b[v][e], s[k][v][e]);
+              for (int e = 0; e < Ly::kVec; ++e) s[v][e] = fmaf(a, b[v][e], s[v][e]);
             }
           }
         }
-      }
-#pragma unroll
-      for (int k = 0; k < Ly::kRows; ++k) {
-        const int i = chunk_row<Ly>(batch, k, group);
-        if (flush && i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s[k], lane, N);
+        if (flush && i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s, lane, N);
         y[k] = 0.f;
 #pragma unroll
         for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) y[k] = fmaf(s[k][v][e], c[v][e], y[k]);
+          for (int e = 0; e < Ly::kVec; ++e) y[k] = fmaf(s[v][e], c[v][e], y[k]);
         }
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < Ly::kRows; ++k) {
-        const int i = chunk_row<Ly>(batch, k, group);
-        float s0[Ly::kVecsPerLane][Ly::kVec];
-        tile_row<S, Ly>(tile, i, w.rows, lane, N, s0);
+      } else {  // output-only: lane l adds the history terms of tokens l, l + kLanes, ...
         float dot = 0.f;
 #pragma unroll
         for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) dot = fmaf(s0[v][e], c[v][e], dot);
+          for (int e = 0; e < Ly::kVec; ++e) dot = fmaf(s[v][e], c[v][e], dot);
         }
         y[k] = decay * dot;
         if (i < w.rows) {
-#pragma unroll
-          for (int m = 0; m < kCoefs; ++m) {
-            const int j = lane + m * Ly::kLanes;
-            if (m * Ly::kLanes >= count) break;
-            if (j < count) y[k] = fmaf(coef[m], x_s[j * pitch + i], y[k]);
-          }
+          for (int j = lane; j < count; j += Ly::kLanes) y[k] = fmaf(coef[j], x_s[j * pitch + i], y[k]);
         }
       }
     }
     row_group_sums<Ly::kLanes>(y);
-#pragma unroll
-    for (int k = 0; k < Ly::kRows; ++k) {
-      const int i = chunk_row<Ly>(batch, k, group);
-      if (lane == 0 && i < w.rows)
-        store_output(out + i, y[k], D, x_s[cursor * pitch + i], gated, gated ? z_s[i] : 0.f);
-    }
+    store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s + cursor * pitch,
+                      gated ? z_s : nullptr);
   }
 }
 

@@ -7,15 +7,16 @@
 
 namespace replayssm::cuda {
 
-inline unsigned decode_grid(const Mamba2Params& p, int rows_per_cta) {
+// (head, chunk) along x, batch rows along y; bounded by the caller (mamba2_cuda.cu).
+inline dim3 decode_grid(const Mamba2Params& p, int rows_per_cta) {
   const int64_t chunks = (p.head_dim + rows_per_cta - 1) / rows_per_cta;
-  return unsigned(p.batch * p.nheads * chunks);  // bounded by the caller (mamba2_cuda.cu)
+  return dim3(unsigned(p.nheads * chunks), unsigned(p.batch));
 }
 
 template <typename S, typename Act>
 void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_per_cta,
                          cudaStream_t stream) {
-  const unsigned grid = decode_grid(p, rows_per_cta);
+  const dim3 grid = decode_grid(p, rows_per_cta);
   const size_t smem = size_t(baseline_smem_bytes(rows_per_cta, p.state_dim, sizeof(S)));
   switch (layout) {
     case RowLayoutKind::kN64:
@@ -37,9 +38,9 @@ void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_p
 template <typename S, typename Act>
 void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
                           cudaStream_t stream) {
-  const unsigned grid = decode_grid(p, rows_per_cta);
-  const size_t smem =
-      size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len));
+  const dim3 grid = decode_grid(p, rows_per_cta);
+  const size_t smem = size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len,
+                                               make_row_layout(sizeof(S), layout).lanes));
   const bool output_only = p.route != ReplayRoute::kStateAndOutput;
   switch (layout) {
     case RowLayoutKind::kN64:

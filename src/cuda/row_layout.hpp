@@ -17,8 +17,7 @@ constexpr int64_t kMaxSharedBytes = 48 * 1024;  // the default limit of dynamic 
 // Shared memory of a decode CTA: an mbarrier, then the chunk's state tile (rows_per_cta x N
 // elements of the state type, 16-byte aligned for the bulk copy engine), then floats: for the
 // baseline x and z of the chunk's rows; for the replay the window's weights and B_j . C (one per
-// token), the checkpoint decay, z, and the window's x (L x (rows_per_cta + 1), padded against
-// bank conflicts).
+// token), the checkpoint decay, z, and the window's x (L x window_pitch floats).
 constexpr int64_t kTileOffset = 128;  // bytes
 constexpr int kWeightsOffset = 0;     // floats, from the end of the tile
 constexpr int kBCOffset = kMaxBufferLen;
@@ -28,13 +27,19 @@ constexpr int kWindowZOffset = 2 * kMaxBufferLen + 4;
 constexpr int64_t tile_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
   return (rows_per_cta * state_dim * state_bytes + 15) / 16 * 16;
 }
+// Floats between two tokens of the window's x: rows_per_cta rounded up to the 32 banks, plus the
+// row groups of a warp, so that the lanes of a warp reading x_j[i] (j = lane of the row group,
+// i = row of the group) hit distinct banks.
+constexpr int64_t window_pitch(int64_t rows_per_cta, int64_t lanes) {
+  return (rows_per_cta + 31) / 32 * 32 + 32 / lanes;
+}
 constexpr int64_t baseline_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
   return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes) + 2 * rows_per_cta * 4;
 }
 constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
-                                    int64_t buffer_len) {
+                                    int64_t buffer_len, int64_t lanes) {
   return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes) +
-         (kWindowZOffset + rows_per_cta + buffer_len * (rows_per_cta + 1)) * 4;
+         (kWindowZOffset + rows_per_cta + buffer_len * window_pitch(rows_per_cta, lanes)) * 4;
 }
 
 // The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any
@@ -42,12 +47,14 @@ constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int
 enum class RowLayoutKind { kN64, kN128, kN256, kGeneric };
 
 // A "row group" of `lanes` consecutive lanes owns one state row at a time: lane l holds the
-// vectors l, l + lanes, ... of `vec` elements each, so a warp reads whole rows coalesced and the
-// row's dot product with C is summed over the row group by shuffles. Each thread keeps `rows` rows
-// at a time, for independent shuffle reductions.
+// vectors l, l + lanes, ... of `vec` elements each. The vectorised layouts give each lane up to 4
+// vectors (64 bytes) of a row, with at least 8 lanes per row so that a quarter warp reads 128
+// contiguous bytes of the tile (no bank conflict): every row then pays its few-level shuffle
+// reduction and its output epilogue over enough elements. Each thread works on `rows` rows at a
+// time, for independent reductions; lane k < rows of a row group writes the output of row k.
 struct RowLayout {
   int vec = 1;            // elements per access
-  int lanes = 32;         // lanes per row group (a power of two, at most 32)
+  int lanes = 32;         // lanes per row group (a power of two, 8 to 32)
   int vecs_per_lane = 1;  // accesses per lane per row
   int rows = 1;           // rows per thread per batch
   int row_groups = kThreads / 32;
@@ -61,13 +68,16 @@ constexpr RowLayout make_row_layout(int state_bytes, RowLayoutKind kind) {
     l.vec = 1;
     l.lanes = 32;
     l.cover_n = kMaxStateDim;
+    l.vecs_per_lane = l.cover_n / l.lanes;
+    l.rows = 1;
   } else {
     l.cover_n = kind == RowLayoutKind::kN64 ? 64 : kind == RowLayoutKind::kN128 ? 128 : 256;
     l.vec = 16 / state_bytes;
-    l.lanes = l.cover_n / l.vec < 32 ? l.cover_n / l.vec : 32;
+    const int vectors = l.cover_n / l.vec;
+    l.vecs_per_lane = vectors / 8 < 1 ? 1 : vectors / 8 > 4 ? 4 : vectors / 8;
+    l.lanes = vectors / l.vecs_per_lane;
+    l.rows = l.vecs_per_lane * l.vec <= 16 ? 2 : 1;  // at most 32 state values a thread
   }
-  l.vecs_per_lane = l.cover_n / (l.vec * l.lanes);
-  l.rows = l.vecs_per_lane >= 4 ? 1 : 4 / l.vecs_per_lane;
   l.row_groups = kThreads / l.lanes;
   l.batch_rows = l.rows * l.row_groups;
   return l;

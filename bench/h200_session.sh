@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device session on the H200: build, GPU tests, kernel timings. Logs go to $OUT (or ./out).
+# Stages (any subset, in order): build tests sanitize tune bench
+set -o pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+log() { tee -a "$OUT/$1"; }
+for stage in "$@"; do
+  case $stage in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | log build.log
+      cmake -B build-h200 -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a . \
+        > /dev/null && cmake --build build-h200 -j16 2>&1 | tail -5 | log build.log || exit 1 ;;
+    tests)
+      ./build-h200/tests/replayssm_cuda_tests 2>&1 | tail -30 | log tests.log
+      ./build-h200/tests/replayssm_tests --gtest_filter='*cuda*' --gtest_brief=1 2>&1 | tail -40 | log tests.log ;;
+    sanitize)
+      # memcheck on every CUDA test; racecheck (slower) on the graph and padded tests and the
+      # small rollout shapes.
+      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 ./build-h200/tests/replayssm_cuda_tests \
+        --gtest_brief=1 2>&1 | tail -4 | log sanitize.log
+      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 ./build-h200/tests/replayssm_tests \
+        --gtest_filter='*cuda*' --gtest_brief=1 2>&1 | tail -4 | log sanitize.log
+      timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-h200/tests/replayssm_cuda_tests \
+        --gtest_brief=1 2>&1 | tail -4 | log sanitize.log
+      timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-h200/tests/replayssm_tests \
+        --gtest_filter='*Matrix*small*cuda*:*Matrix*odd*L16*cuda*' --gtest_brief=1 2>&1 | tail -4 | log sanitize.log ;;
+    tune)
+      for state in fp32 bf16; do
+        ./build-h200/replayssm_cuda_kernels $state bf16 16 1,8,32,128,512 ${ROWS:-0,16,32,64} \
+          ${ROUTE:-auto} 2>&1 | log tune.log
+      done ;;
+    profile)
+      for kernel in ${KERNELS:-replay_decode_kernel state_update_kernel}; do
+        for state in fp32 bf16; do
+          ncu --clock-control none -k regex:$kernel --launch-skip 40 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis \
+            ./build-h200/replayssm_cuda_kernels $state bf16 16 128 ${ROWS:-0} auto \
+            > "$OUT/ncu_${kernel}_$state.txt" 2>&1
+          grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Block Limit|Shared Memory Configuration|Issue Slots Busy|Executed Ipc|No Eligible|Registers Per|Dynamic Shared" \
+            "$OUT/ncu_${kernel}_$state.txt" | sed "s/^/$kernel $state: /"
+        done
+      done ;;
+    bench)
+      ./build-h200/tools/replayssm bench --device cuda --geometry nemotron-h --batch 1,8,32,128,256,512 \
+        --L 8,16,32 --state-dtype fp32,bf16 --act-dtype bf16 --windows ${WINDOWS:-21} --json "$OUT/h200.json" \
+        2>&1 | log bench.log ;;
+  esac
+done
