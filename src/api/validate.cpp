@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -14,19 +14,25 @@ namespace {
 
 constexpr int64_t kMaxBufferLen = 64;
 
+// Messages are built with std::to_string rather than iostreams: independent of the global locale
+// (no "1,048,576"), and of the locale machinery of whichever C++ runtime the host process loaded.
+void append(std::string& message, const char* text) { message += text; }
+void append(std::string& message, const std::string& text) { message += text; }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+void append(std::string& message, T value) {
+  message += std::to_string(value);
+}
+
 template <typename... Args> [[noreturn]] void fail(const Args&... args) {
-  std::ostringstream os;
-  os << "replayssm: ";
-  (os << ... << args);
-  throw InvalidArgument(os.str());
+  std::string message = "replayssm: ";
+  (append(message, args), ...);
+  throw InvalidArgument(message);
 }
 
 std::string shape_string(const TensorView& t) {
-  std::ostringstream os;
-  os << "(";
-  for (int d = 0; d < t.rank; ++d) os << (d ? ", " : "") << t.shape[d];
-  os << ")";
-  return os.str();
+  std::string text = "(";
+  for (int d = 0; d < t.rank; ++d) text += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return text + ")";
 }
 
 void require_defined(const TensorView& t, const char* name) {

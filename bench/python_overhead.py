@@ -8,8 +8,8 @@ For each entry point, at one geometry and batch:
     ext      issue time of the extension module called directly (no Python wrapper), for the
              split between the wrapper and the DLPack import.
 
-    python python/bench_overhead.py                 # Nemotron-H layer, batch 1, bf16 / fp32
-    python python/bench_overhead.py --batch 1,8 --state-dtype bfloat16
+    python bench/python_overhead.py                 # Nemotron-H layer, batch 1, bf16 / fp32
+    python bench/python_overhead.py --batch 1,8 --state-dtype bfloat16
 """
 
 import argparse
