@@ -9,6 +9,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build_dir=${1:-${BUILD_DIR:-$root/build}}
+mkdir -p "$build_dir" && build_dir=$(cd "$build_dir" && pwd)  # pip and pytest run from other folders
 python=${PYTHON:-python3}
 venv=$build_dir/python-venv
 
