@@ -105,19 +105,31 @@ struct BenchLayer {
   Tensor out;
 };
 
-ConfigTiming time_cpu_configuration(const BenchConfig& config) {
+}  // namespace
+
+LayerShape layer_shape(const BenchConfig& config) {
   LayerShape shape;
   shape.geometry = config.geometry;
   shape.batch = config.batch;
   shape.slots = config.batch;
   shape.buffer_len = config.buffer_len;
+  return shape;
+}
+
+int64_t state_bytes(const BenchConfig& config) {
   const Geometry& g = config.geometry;
-  const int64_t state_bytes =
-      config.batch * g.heads * g.head_dim * g.state_dim * dtype_size(config.state_dtype);
+  return config.batch * g.heads * g.head_dim * g.state_dim * dtype_size(config.state_dtype);
+}
+
+namespace {
+
+ConfigTiming time_cpu_configuration(const BenchConfig& config) {
+  const LayerShape shape = layer_shape(config);
+  const int64_t layer_state_bytes = state_bytes(config);
 
   ConfigTiming timing;
-  timing.layers = std::clamp<int64_t>((cold_bytes() + state_bytes - 1) / state_bytes, 1, kMaxLayers);
-  timing.rotated_state_bytes = timing.layers * state_bytes;
+  timing.layers = std::clamp<int64_t>((cold_bytes() + layer_state_bytes - 1) / layer_state_bytes, 1, kMaxLayers);
+  timing.rotated_state_bytes = timing.layers * layer_state_bytes;
   const std::unique_ptr<Memory> host = make_host_memory();
   Random random(kSeed);
   std::vector<BenchLayer> layers;

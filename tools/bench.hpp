@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "geometry.hpp"
+#include "workload.hpp"
 #include "replayssm/mamba2.hpp"
 
 namespace replayssm::tool {
@@ -39,6 +40,10 @@ struct ConfigTiming {
   std::vector<double> baseline_window_s, replay_window_s;
   double baseline_step_s = 0, replay_step_s = 0;  // median window / (L * layers)
 };
+
+// The layer shape of a configuration (one slot per row) and the bytes of its states.
+LayerShape layer_shape(const BenchConfig& config);
+int64_t state_bytes(const BenchConfig& config);
 
 CopyBandwidth measure_copy_bandwidth(DeviceType device);
 ConfigTiming time_configuration(const BenchConfig& config, DeviceType device);

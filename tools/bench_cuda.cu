@@ -181,19 +181,13 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   Timer timer;
   int l2_bytes = 0;
   BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
-  LayerShape shape;
-  shape.geometry = config.geometry;
-  shape.batch = config.batch;
-  shape.slots = config.batch;
-  shape.buffer_len = config.buffer_len;
-  const Geometry& g = config.geometry;
-  const int64_t state_bytes =
-      config.batch * g.heads * g.head_dim * g.state_dim * dtype_size(config.state_dtype);
+  const LayerShape shape = layer_shape(config);
+  const int64_t layer_state_bytes = state_bytes(config);
 
   ConfigTiming timing;
   const int64_t cold = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
-  timing.layers = std::max<int64_t>(1, (cold + state_bytes - 1) / state_bytes);
-  timing.rotated_state_bytes = timing.layers * state_bytes;
+  timing.layers = std::max<int64_t>(1, (cold + layer_state_bytes - 1) / layer_state_bytes);
+  timing.rotated_state_bytes = timing.layers * layer_state_bytes;
   const std::unique_ptr<Memory> memory = make_cuda_memory();
   Random random(kSeed);
   std::vector<std::unique_ptr<Layer>> layers;

@@ -50,25 +50,26 @@ def test_cupy_arrays_everywhere():
     assert rollout(cp.asarray) < 1e-5
 
 
-def test_jax_arrays_as_read_only_inputs():
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+def jax_on_gpu():
+    """jax.device_put onto the first GPU JAX sees (skips the test where there is none)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory to CuPy
     jax = pytest.importorskip("jax")
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus:
         pytest.skip("JAX sees no GPU")
-    assert rollout(lambda v: jax.device_put(v, gpus[0])) < 1e-5
+    return lambda v: jax.device_put(v, gpus[0])
+
+
+def test_jax_arrays_as_read_only_inputs():
+    assert rollout(jax_on_gpu()) < 1e-5
 
 
 def test_an_immutable_jax_array_cannot_be_written():
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    jax = pytest.importorskip("jax")
-    gpus = [d for d in jax.devices() if d.platform == "gpu"]
-    if not gpus:
-        pytest.skip("JAX sees no GPU")
+    to_jax = jax_on_gpu()
     rng = np.random.default_rng(3)
     layer = random_layer(rng, H)
     s = random_step(rng, 1, H, P, N, G)
-    state = jax.device_put(random_state(rng, 1, H, P, N), gpus[0])
+    state = to_jax(random_state(rng, 1, H, P, N))
     with pytest.raises((replayssm.InvalidArgument, TypeError, BufferError)):
         replayssm.selective_state_update(
             state, *(cp.asarray(v) for v in (s.x, s.dt, layer.A, s.B, s.C)), dt_softplus=True)
