@@ -130,6 +130,7 @@ ConfigTiming time_cpu_configuration(const BenchConfig& config) {
   ConfigTiming timing;
   timing.layers = std::clamp<int64_t>((cold_bytes() + layer_state_bytes - 1) / layer_state_bytes, 1, kMaxLayers);
   timing.rotated_state_bytes = timing.layers * layer_state_bytes;
+  timing.cold_bytes = cold_bytes();
   const std::unique_ptr<Memory> host = make_host_memory();
   Random random(kSeed);
   std::vector<BenchLayer> layers;
@@ -254,7 +255,6 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
       .key("statistic").string("median window after one warm-up window; windows alternate")
       .key("byte_model").string("method.md section 8, per (row, head) times batch * H")
       .key("percent_basis").string("best copy bandwidth")
-      .key("cold_bytes").integer(cold_bytes())
       .end_object();
   json.key("results").begin_array();
   for (const Measurement& r : results) {
@@ -275,7 +275,8 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
         .key("route").string(route_name(r.config.route))
         .key("layers").integer(r.timing.layers)
         .key("rotated_state_bytes").integer(r.timing.rotated_state_bytes)
-        .key("states_exceed_caches").boolean(r.timing.rotated_state_bytes >= cold_bytes())
+        .key("cold_bytes").integer(r.timing.cold_bytes)
+        .key("states_exceed_caches").boolean(r.timing.rotated_state_bytes >= r.timing.cold_bytes)
         .key("windows").integer(r.config.windows);
     json.key("baseline");
     write_side(json, r.timing.baseline_step_s, r.baseline_bytes, r.timing.baseline_window_s,
@@ -367,7 +368,7 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
                       m.replay_bytes / 1e6, replay_rate / 1e9,
                       100 * replay_rate / copy.best_bytes_per_s,
                       m.timing.baseline_step_s / m.timing.replay_step_s);
-          if (m.timing.rotated_state_bytes < cold_bytes())
+          if (m.timing.rotated_state_bytes < m.timing.cold_bytes)
             std::printf("  (only %" PRId64 " MiB of state rotated: some steps may hit the caches)\n",
                         m.timing.rotated_state_bytes >> 20);
           std::fflush(stdout);

@@ -37,6 +37,7 @@ struct CopyBandwidth {
 struct ConfigTiming {
   int64_t layers = 0;  // layer copies rotated so that each step reads its state from memory
   int64_t rotated_state_bytes = 0;  // the states of all layer copies
+  int64_t cold_bytes = 0;  // the state that defeats the device's caches (CPU caches or GPU L2)
   std::vector<double> baseline_window_s, replay_window_s;
   double baseline_step_s = 0, replay_step_s = 0;  // median window / (L * layers)
 };

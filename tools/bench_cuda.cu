@@ -188,6 +188,7 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   const int64_t cold = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
   timing.layers = std::max<int64_t>(1, (cold + layer_state_bytes - 1) / layer_state_bytes);
   timing.rotated_state_bytes = timing.layers * layer_state_bytes;
+  timing.cold_bytes = cold;
   const std::unique_ptr<Memory> memory = make_cuda_memory();
   Random random(kSeed);
   std::vector<std::unique_ptr<Layer>> layers;
