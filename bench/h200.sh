@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device session on the H200: build, GPU tests, kernel timings. Logs go to $OUT (or ./out).
+# Build, GPU tests, sanitizers, kernel timings and the recorded bench on an H200, stage by stage.
+# Logs go to $OUT (default ./out).
 # Stages (any subset, in order): build tests sanitize tune bench
 set -o pipefail
 OUT=${OUT:-out}
