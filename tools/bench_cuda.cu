@@ -83,11 +83,7 @@ struct Layer {
       : inputs(memory, shape, config.act_dtype),
         cache(memory, shape, config.state_dtype, config.act_dtype),
         out(make_out(memory, shape, config.act_dtype)) {
-    write_parameters(inputs, random_parameters(shape.geometry, random));
-    write_activations(inputs, random_activations(shape, config.act_dtype, random));
-    std::vector<double> rows(size_t(shape.batch));
-    for (int64_t r = 0; r < shape.batch; ++r) rows[size_t(r)] = double(r);
-    inputs.state_batch_indices.write(rows);
+    fill_benchmark_inputs(inputs, shape, config.act_dtype, random);
     fill_uniform(cache.state, seed, -1.f, 1.f);
     fill_uniform(cache.x_cache, seed + 1, -1.f, 1.f);
     fill_uniform(cache.B_cache, seed + 2, -1.f, 1.f);

@@ -229,4 +229,12 @@ void write_activations(StepInputs& inputs, const ActivationValues& values) {
   inputs.z.write(values.z);
 }
 
+void fill_benchmark_inputs(StepInputs& inputs, const LayerShape& shape, DType act, Random& random) {
+  write_parameters(inputs, random_parameters(shape.geometry, random));
+  write_activations(inputs, random_activations(shape, act, random));
+  std::vector<double> rows(size_t(shape.batch));
+  for (int64_t r = 0; r < shape.batch; ++r) rows[size_t(r)] = double(r);
+  inputs.state_batch_indices.write(rows);
+}
+
 }  // namespace replayssm::tool

@@ -120,6 +120,9 @@ ActivationValues random_activations(const LayerShape& shape, DType act, Random& 
 void write_parameters(StepInputs& inputs, const ParameterValues& values);
 void write_activations(StepInputs& inputs, const ActivationValues& values);
 
+// Random parameters and activations, rows mapped to slots 0..batch-1: a benchmark layer's inputs.
+void fill_benchmark_inputs(StepInputs& inputs, const LayerShape& shape, DType act, Random& random);
+
 // `values` rounded to `dtype` and back.
 std::vector<double> round_to(std::vector<double> values, DType dtype);
 
