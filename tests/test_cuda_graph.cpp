@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -61,6 +62,11 @@ class DeviceArray {
 struct Shape {
   int64_t H, P, N, G;
 };
+
+// How gtest shows a case's parameters (ctest's listing, failure messages).
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "H" << s.H << "P" << s.P << "N" << s.N << "G" << s.G;
+}
 
 // One layer's tensors on the device, the same values on the host for the oracle, and the oracle's
 // fp64 state of every slot.
