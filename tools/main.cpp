@@ -17,8 +17,8 @@ constexpr const char* kUsage =
     "Mamba-2 decode with ReplaySSM: checks and benchmarks.\n"
     "\n"
     "commands:\n"
-    "  verify   check the baseline and both ReplaySSM routes against the fp64 oracle\n"
-    "  bench    time the baseline and ReplaySSM per decode step: bytes, bandwidth, speedup\n"
+    "  verify     check the baseline and both ReplaySSM routes against the fp64 oracle\n"
+    "  bench      time the baseline and ReplaySSM per decode step: bytes, bandwidth, speedup\n"
     "  precision  error of fp32 / fp16 / bf16 states over a long rollout, against the fp64 oracle\n"
     "\n"
     "Run 'replayssm <command> --help' for the options of a command.\n";
