@@ -10,11 +10,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "args.hpp"
@@ -209,13 +207,18 @@ StateError state_error(const Tensor& state, const Tensor& oracle_state, int64_t 
   }
 }
 
+// The first step of the last 10% of a run of `steps` steps.
+int64_t late_start(int64_t steps) {
+  return steps - std::max<int64_t>(1, int64_t(kLateFraction * double(steps)));
+}
+
 struct Summary {
   double final_value = 0, max_value = 0, late_mean = 0;
 };
 
-// `values` measured at `steps`; the late mean covers the values at steps >= late_start.
+// `values` measured at `steps`; the late mean covers the values at steps >= late_first_step.
 Summary summarize(const std::vector<double>& values, const std::vector<int64_t>& steps,
-                  int64_t late_start) {
+                  int64_t late_first_step) {
   Summary s;
   if (values.empty()) return s;
   s.final_value = values.back();
@@ -223,7 +226,7 @@ Summary summarize(const std::vector<double>& values, const std::vector<int64_t>&
   int64_t late_count = 0;
   for (size_t i = 0; i < values.size(); ++i) {
     s.max_value = std::max(s.max_value, values[i]);
-    if (steps[i] < late_start) continue;
+    if (steps[i] < late_first_step) continue;
     late_sum += values[i];
     ++late_count;
   }
@@ -244,13 +247,13 @@ std::vector<size_t> recorded_points(const std::vector<int64_t>& steps, int64_t e
 }
 
 void write_curve(JsonWriter& json, const std::vector<double>& values,
-                 const std::vector<int64_t>& steps, int64_t every, int64_t late_start) {
+                 const std::vector<int64_t>& steps, int64_t every, int64_t late_first_step) {
   std::vector<double> kept_steps, kept_values;
   for (size_t i : recorded_points(steps, every)) {
     kept_steps.push_back(double(steps[i]));
     kept_values.push_back(values[i]);
   }
-  const Summary s = summarize(values, steps, late_start);
+  const Summary s = summarize(values, steps, late_first_step);
   json.begin_object()
       .key("final").number(s.final_value)
       .key("max").number(s.max_value)
@@ -272,7 +275,7 @@ struct StudyConfig {
 void write_json(std::ostream& file, const StudyConfig& c, const std::vector<Mode>& modes,
                 const std::vector<int64_t>& all_steps) {
   const Geometry& g = c.layer.geometry;
-  const int64_t late_start = c.steps - std::max<int64_t>(1, int64_t(kLateFraction * double(c.steps)));
+  const int64_t late = late_start(c.steps);
   JsonWriter json(file);
   json.begin_object()
       .key("tool").string("replayssm precision")
@@ -317,11 +320,11 @@ void write_json(std::ostream& file, const StudyConfig& c, const std::vector<Mode
         .key("L").integer(m.buffer_len)
         .key("bytes_per_step").number(m.bytes_per_step);
     json.key("out");
-    write_curve(json, m.out_error, all_steps, c.every, late_start);
+    write_curve(json, m.out_error, all_steps, c.every, late);
     json.key("state");
-    write_curve(json, m.state_error, m.state_steps, c.every, late_start);
+    write_curve(json, m.state_error, m.state_steps, c.every, late);
     json.key("state_worst_head");
-    write_curve(json, m.head_state_error, m.state_steps, c.every, late_start);
+    write_curve(json, m.head_state_error, m.state_steps, c.every, late);
     json.end_object();
   }
   json.end_array().end_object();
@@ -439,15 +442,14 @@ int run_precision(const std::vector<std::string>& argv, const std::string& comma
   config.run_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  const int64_t late_start =
-      config.steps - std::max<int64_t>(1, int64_t(kLateFraction * double(config.steps)));
+  const int64_t late = late_start(config.steps);
   std::printf("\n%-18s | %8s %8s %8s | %8s %8s %8s | %8s %8s %8s | %7s\n", "mode", "out end",
               "out max", "out late", "st end", "st max", "st late", "head end", "head max",
               "headlate", "MB/step");
   for (const Mode& m : modes) {
-    const Summary out = summarize(m.out_error, all_steps, late_start);
-    const Summary state = summarize(m.state_error, m.state_steps, late_start);
-    const Summary head = summarize(m.head_state_error, m.state_steps, late_start);
+    const Summary out = summarize(m.out_error, all_steps, late);
+    const Summary state = summarize(m.state_error, m.state_steps, late);
+    const Summary head = summarize(m.head_state_error, m.state_steps, late);
     std::printf("%-18s | %8.2e %8.2e %8.2e | %8.2e %8.2e %8.2e | %8.2e %8.2e %8.2e | %7.1f\n",
                 m.name().c_str(), out.final_value, out.max_value, out.late_mean, state.final_value,
                 state.max_value, state.late_mean, head.final_value, head.max_value, head.late_mean,
