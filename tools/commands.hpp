@@ -13,4 +13,8 @@ int run_verify(const std::vector<std::string>& args);
 // Times the baseline and ReplaySSM per decode step. `command_line` is recorded in the JSON.
 int run_bench(const std::vector<std::string>& args, const std::string& command_line);
 
+// Measures how the error of fp32 / fp16 / bf16 states evolves over a long rollout, for the
+// baseline and ReplaySSM, against the fp64 oracle. `command_line` is recorded in the JSON.
+int run_precision(const std::vector<std::string>& args, const std::string& command_line);
+
 }  // namespace replayssm::tool

@@ -17,8 +17,9 @@ constexpr const char* kUsage =
     "Mamba-2 decode with ReplaySSM: checks and benchmarks.\n"
     "\n"
     "commands:\n"
-    "  verify   check the baseline and both ReplaySSM routes against the fp64 oracle\n"
-    "  bench    time the baseline and ReplaySSM per decode step: bytes, bandwidth, speedup\n"
+    "  verify     check the baseline and both ReplaySSM routes against the fp64 oracle\n"
+    "  bench      time the baseline and ReplaySSM per decode step: bytes, bandwidth, speedup\n"
+    "  precision  error of fp32 / fp16 / bf16 states over a long rollout, against the fp64 oracle\n"
     "\n"
     "Run 'replayssm <command> --help' for the options of a command.\n";
 
@@ -45,9 +46,10 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (command == "verify" || command == "bench") help_hint = "replayssm " + command + " --help";
+    if (command == "verify" || command == "bench" || command == "precision") help_hint = "replayssm " + command + " --help";
     if (command == "verify") return run_verify(args);
     if (command == "bench") return run_bench(args, quoted_command_line(argc, argv));
+    if (command == "precision") return run_precision(args, quoted_command_line(argc, argv));
     throw UsageError("unknown command '" + command + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "replayssm: %s\nRun '%s' for usage.\n", e.what(), help_hint.c_str());
