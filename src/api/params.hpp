@@ -17,6 +17,7 @@ struct HeadScalar {
 
 // Every tensor with a last axis has it contiguous; the strides below are of the other axes.
 struct Mamba2Params {
+  int32_t device_index = 0;  // the CUDA device of the tensors (CUDA backend)
   int64_t batch = 0, nheads = 0, head_dim = 0, state_dim = 0, ngroups = 0, heads_per_group = 0;
   int64_t slots = 0;
   DType act_dtype = DType::kFloat32;
@@ -60,6 +61,7 @@ struct ReplayParams : Mamba2Params {
 };
 
 struct CursorParams {
+  int32_t device_index = 0;  // the CUDA device of the cursors (CUDA backend)
   int32_t* cursors = nullptr;  // (slots)
   int64_t cursors_stride = 1;
   int64_t slots = 0;

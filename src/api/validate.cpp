@@ -370,6 +370,7 @@ Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& s,
   p.out = s.out.data;
   p.out_stride_batch = s.out.strides[0];
   p.out_stride_head = s.out.strides[1];
+  p.device_index = state.device.index;
   p.state = state.data;
   p.state_dtype = state.dtype;
   p.state_stride_slot = state.strides[0];
@@ -455,6 +456,7 @@ CursorParams cursor_params(const TensorView& cursors, const TensorView& ids, con
   require_rank(cursors, "cursors", 1, "(slots)");
   require_dtype(cursors, "cursors", DType::kInt32, "buffer fill per slot");
   CursorParams p;
+  p.device_index = cursors.device.index;
   p.cursors = cursors.ptr<int32_t>();
   p.cursors_stride = cursors.strides[0];
   p.slots = cursors.shape[0];

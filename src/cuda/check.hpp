@@ -25,3 +25,27 @@ namespace replayssm::cuda {
     if (replayssm_status_ != cudaSuccess)                                                \
       ::replayssm::cuda::throw_cuda_error(replayssm_status_, #statement, __FILE__, __LINE__); \
   } while (0)
+
+namespace replayssm::cuda {
+
+// Makes the tensors' device current for the scope of a call and restores the caller's after (a
+// no-op when it already is current): the data, not the caller's current device, decides where
+// the kernels run.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) : device_(device) {
+    REPLAYSSM_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device_) REPLAYSSM_CUDA_CHECK(cudaSetDevice(device_));
+  }
+  ~ScopedDevice() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int device_;
+  int previous_ = 0;
+};
+
+}  // namespace replayssm::cuda

@@ -159,6 +159,7 @@ LaunchConfig auto_launch_config(const ReplayParams& p) {
 }
 
 void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, void* stream) {
+  const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, nullptr);
   const int rows = rows_per_cta_for(p, nullptr, kind, config);
   if (p.batch == 0) return;
@@ -166,6 +167,7 @@ void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, v
 }
 
 void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stream) {
+  const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, &p);
   const int rows = rows_per_cta_for(p, &p, kind, config);
   if (p.batch == 0) return;
@@ -180,12 +182,14 @@ void replay_decode(const ReplayParams& p, void* stream) { replay_decode(p, Launc
 
 void replay_advance(const CursorParams& p, void* stream) {
   if (p.count == 0) return;
+  const ScopedDevice on_device(p.device_index);
   advance_kernel<<<cursor_grid(p), kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
 
 void replay_reset(const CursorParams& p, void* stream) {
   if (p.count == 0) return;
+  const ScopedDevice on_device(p.device_index);
   reset_kernel<<<cursor_grid(p), kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }

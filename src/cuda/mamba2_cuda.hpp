@@ -1,7 +1,8 @@
 // The CUDA backend of the Mamba-2 entry points (validated, flattened calls from src/api).
 //
 // Serving-engine rules that every function here keeps:
-// - it launches on the caller's stream (nullptr: the default stream) and nowhere else;
+// - it launches on the caller's stream (nullptr: the default stream) and nowhere else, on the
+//   device of the tensors (made current for the call when the caller's current device differs);
 // - it allocates nothing and needs no scratch memory (so there is no scratch-size query), never
 //   synchronises with the host and never reads a cursor on the host: it can be captured in a CUDA
 //   graph and replayed, the flush being decided per row on the device;
