@@ -87,6 +87,18 @@ def baseline_rollout(model, state_dtype, steps=6, **call_options):
                   max(TOLERANCE[model.act], STATE_TOLERANCE[state_dtype]))
 
 
+def replay_step(model, cache, oracle, t, route, L, tolerance):
+    """One eager ReplaySSM step (decode, then advance) at step t, checked against the oracle."""
+    inputs = model.step()
+    expected = oracle.step(**inputs, slots=model.oracle_slots(t))
+    out = model.out()
+    replayssm.replay_decode(cache, inputs["x"], inputs["dt"], model.A, inputs["B"], inputs["C"],
+                            model.D, inputs["z"], model.dt_bias, True, model.indices(t), out=out,
+                            route=route)
+    replayssm.replay_advance(cache.cursors, L, model.indices(t))
+    check_out(out, expected, model.active(t), tolerance)
+
+
 def replay_rollout(model, state_dtype, route, L, steps):
     layout = replayssm.ReplayCacheLayout(model.H, model.P, model.N, model.G, L,
                                          act_dtype=model.act, state_dtype=state_dtype)
@@ -94,15 +106,8 @@ def replay_rollout(model, state_dtype, route, L, steps):
     cache.state.copy_(model.random_state(state_dtype))
     oracle = model.oracle(cache.state)
     for t in range(steps):
-        inputs = model.step()
-        expected = oracle.step(**inputs, slots=model.oracle_slots(t))
-        out = model.out()
-        replayssm.replay_decode(cache, inputs["x"], inputs["dt"], model.A, inputs["B"],
-                                inputs["C"], model.D, inputs["z"], model.dt_bias, True,
-                                model.indices(t), out=out, route=route)
-        replayssm.replay_advance(cache.cursors, L, model.indices(t))
-        check_out(out, expected, model.active(t),
-                  max(TOLERANCE[model.act], STATE_TOLERANCE[state_dtype]))
+        replay_step(model, cache, oracle, t, route, L,
+                    max(TOLERANCE[model.act], STATE_TOLERANCE[state_dtype]))
     return cache
 
 
@@ -187,14 +192,7 @@ def test_cuda_graph_of_a_32_step_decode_loop(route):
 
     # Desynchronise the rows eagerly: row r joins at step r.
     for t in range(model.batch):
-        inputs = model.step()
-        expected = oracle.step(**inputs, slots=model.oracle_slots(t))
-        out = model.out()
-        replayssm.replay_decode(cache, inputs["x"], inputs["dt"], model.A, inputs["B"],
-                                inputs["C"], model.D, inputs["z"], model.dt_bias, True,
-                                model.indices(t), out=out, route=route)
-        replayssm.replay_advance(cache.cursors, L, model.indices(t))
-        check_out(out, expected, model.active(t), TOLERANCE[torch.bfloat16])
+        replay_step(model, cache, oracle, t, route, L, TOLERANCE[torch.bfloat16])
 
     indices = model.indices(model.batch)  # every row active from now on
     inputs = [model.step() for _ in range(steps)]
