@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, sanitizers, kernel timings and the recorded bench on an H200, stage by stage.
 # Logs go to $OUT (default ./out).
-# Stages (any subset, in order): build tests sanitize tune bench
+# Stages (any subset, in order): build tests sanitize tune bench spec
 set -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -26,6 +26,17 @@ for stage in "$@"; do
         --gtest_brief=1 2>&1 | tail -4 | log sanitize.log
       timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-h200/tests/replayssm_tests \
         --gtest_filter='*Matrix*small*cuda*:*Matrix*odd*L16*cuda*' --gtest_brief=1 2>&1 | tail -4 | log sanitize.log ;;
+    spec)
+      # Speculative decoding: the oracle check, then the sweep of the speculative bar (T = 4, all
+      # drafts accepted, is the Nemotron-H target; T = 2 and 8 and a random acceptance for context).
+      for state in fp32 bf16; do
+        ./build-h200/tools/replayssm verify --spec 4 --device cuda --geometry nemotron-h --batch 8 \
+          --state-dtype $state 2>&1 | tail -6 | log spec.log
+      done
+      ./build-h200/tools/replayssm bench --spec 2,4,8 --accept fixed:8 --device cuda --geometry nemotron-h \
+        --batch 1,8,32,128,256,512 --L 16,32 --state-dtype fp32,bf16 --json "$OUT/h200-spec.json" 2>&1 | log spec.log
+      ./build-h200/tools/replayssm bench --spec 4 --accept mean:2.5 --device cuda --geometry nemotron-h \
+        --batch 1,8,128,512 --state-dtype fp32,bf16 --json "$OUT/h200-spec-mean2.5.json" 2>&1 | log spec.log ;;
     tune)
       for state in fp32 bf16; do
         ./build-h200/replayssm_cuda_kernels $state bf16 16 1,8,32,128,512 ${ROWS:-0,16,32,64} \

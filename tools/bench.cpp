@@ -20,6 +20,7 @@
 #include "commands.hpp"
 #include "json.hpp"
 #include "machine.hpp"
+#include "spec_bench.hpp"
 #include "workload.hpp"
 
 namespace replayssm::tool {
@@ -42,8 +43,6 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-// Bytes a working set must span so that no step finds its state in a CPU cache.
-int64_t cold_bytes() { return std::max(kMinColdBytes, 4 * last_level_cache_bytes()); }
 
 #if !defined(REPLAYSSM_WITH_CUDA)
 [[noreturn]] void no_cuda_timing() {
@@ -102,6 +101,8 @@ struct BenchLayer {
 };
 
 }  // namespace
+
+int64_t cold_bytes() { return std::max(kMinColdBytes, 4 * last_level_cache_bytes()); }
 
 LayerShape layer_shape(const BenchConfig& config) {
   LayerShape shape;
@@ -194,7 +195,7 @@ constexpr const char* kSummary =
     "(flushes included, rows desynchronised), the modelled bytes per step (method.md section 8,\n"
     "whole layer), the achieved GB/s and its share of the copy bandwidth measured in the same\n"
     "run, and the speedup. Layer copies are rotated so that every step reads its state from\n"
-    "memory.";
+    "memory. With --spec T: speculative decoding instead (see 'replayssm bench --spec 4 --help').";
 
 struct Measurement {
   BenchConfig config;
@@ -307,6 +308,8 @@ ConfigTiming time_configuration(const BenchConfig& config, DeviceType device) {
 }
 
 int run_bench(const std::vector<std::string>& argv, const std::string& command_line) {
+  for (const std::string& arg : argv)
+    if (arg == "--spec" || arg.rfind("--spec=", 0) == 0) return run_spec_bench(argv, command_line);
   const std::vector<Option> options = bench_options();
   const Args args(options, argv);
   if (args.help_requested()) {

@@ -42,6 +42,9 @@ struct ConfigTiming {
   double baseline_step_s = 0, replay_step_s = 0;  // median window / (L * layers)
 };
 
+// Bytes a host working set must span so that no step finds its state in a CPU cache.
+int64_t cold_bytes();
+
 // The layer shape of a configuration (one slot per row) and the bytes of its states.
 LayerShape layer_shape(const BenchConfig& config);
 int64_t state_bytes(const BenchConfig& config);

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "spec_bench.hpp"
 #include "replayssm/error.hpp"
+#include "replayssm/mamba2_spec.hpp"
 #include "workload.hpp"
 
 namespace replayssm::tool {
@@ -227,6 +229,46 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
     timing.replay_window_s.push_back(replay.time(timer.stream, timer.start, timer.stop));
   }
   const double steps = double(config.buffer_len * timing.layers);
+  timing.baseline_step_s = median(timing.baseline_window_s) / steps;
+  timing.replay_step_s = median(timing.replay_window_s) / steps;
+  return timing;
+}
+
+// Speculative decoding: a window is L verify steps; each replays every layer copy (spec_verify,
+// or spec_state_update for the baseline), then ReplaySSM commits the shared ring once.
+SpecTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
+  Timer timer;
+  int l2_bytes = 0;
+  BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+  const int64_t layer_bytes = spec_layer_state_bytes(config);
+  SpecTiming timing;
+  timing.cold_bytes = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
+  timing.layers = std::max<int64_t>(1, (timing.cold_bytes + layer_bytes - 1) / layer_bytes);
+  timing.rotated_state_bytes = timing.layers * layer_bytes;
+  const std::unique_ptr<Memory> memory = make_cuda_memory();
+  const SpecPlan plan = plan_spec(config);
+  uint64_t seed = kSeed;
+  const SpecModel model(*memory, config, plan, timing.layers, [&](Tensor& t, double lo, double hi) {
+    fill_uniform(t, seed += 16, float(lo), float(hi));
+  });
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+
+  ExecOptions options;
+  options.backend = Backend::kCuda;
+  options.cuda_stream = timer.stream;
+  const Graph baseline(timer.stream, [&] {
+    for (int64_t s = 0; s < model.steps; ++s) model.baseline_step(s, options);
+  });
+  const Graph replay(timer.stream, [&] {
+    for (int64_t s = 0; s < model.steps; ++s) model.replay_step(s, options);
+  });
+  baseline.time(timer.stream, timer.start, timer.stop);
+  replay.time(timer.stream, timer.start, timer.stop);
+  for (int w = 0; w < config.windows; ++w) {
+    timing.baseline_window_s.push_back(baseline.time(timer.stream, timer.start, timer.stop));
+    timing.replay_window_s.push_back(replay.time(timer.stream, timer.start, timer.stop));
+  }
+  const double steps = double(model.steps * timing.layers);
   timing.baseline_step_s = median(timing.baseline_window_s) / steps;
   timing.replay_step_s = median(timing.replay_window_s) / steps;
   return timing;

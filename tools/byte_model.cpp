@@ -26,4 +26,40 @@ double replay_bytes_per_step(const Geometry& g, int64_t batch, int64_t buffer_le
   return per_head * double(batch) * double(g.heads);
 }
 
+// Speculative, per (row, head) and verify step of T tokens, f flushes and w committed inputs:
+//   baseline spec  (1 + T) P N s + 2 T P a + 2 T N a / r
+//   replay spec    (1 + f) P N s + (w + T)(P a + 4) + 3 T P a + (3T + 2w) N a / r
+
+double baseline_spec_bytes_per_step(const Geometry& g, int64_t batch, int64_t window, DType state,
+                                    DType act) {
+  const double P = double(g.head_dim), N = double(g.state_dim), r = double(g.heads_per_group());
+  const double s = double(dtype_size(state)), a = double(dtype_size(act)), T = double(window);
+  const double per_head = (1 + T) * P * N * s + 2 * T * P * a + 2 * T * N * a / r;
+  return per_head * double(batch) * double(g.heads);
+}
+
+double replay_spec_bytes_per_step(const Geometry& g, int64_t batch, int64_t window, double flushes,
+                                  double history, DType state, DType act) {
+  const double P = double(g.head_dim), N = double(g.state_dim), r = double(g.heads_per_group());
+  const double s = double(dtype_size(state)), a = double(dtype_size(act)), T = double(window);
+  const double f = flushes, w = history;
+  const double per_head = (1 + f) * P * N * s + (w + T) * (P * a + 4) + 3 * T * P * a +
+                          (3 * T + 2 * w) * N * a / r;
+  return per_head * double(batch) * double(g.heads);
+}
+
+double standard_slot_bytes(const Geometry& g, DType state) {
+  return double(g.heads * g.head_dim * g.state_dim * dtype_size(state));
+}
+
+double baseline_spec_slot_bytes(const Geometry& g, int64_t window, DType state) {
+  return double(window) * standard_slot_bytes(g, state);
+}
+
+double replay_spec_slot_bytes(const Geometry& g, int64_t ring_len, DType state, DType act) {
+  const double a = double(dtype_size(act));
+  const double ring_entry = double(g.heads) * (double(g.head_dim) * a + 4) + double(g.groups * g.state_dim) * a;
+  return standard_slot_bytes(g, state) + double(ring_len) * ring_entry;
+}
+
 }  // namespace replayssm::tool

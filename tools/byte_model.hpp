@@ -16,4 +16,19 @@ double baseline_bytes_per_step(const Geometry& g, int64_t batch, DType state, DT
 double replay_bytes_per_step(const Geometry& g, int64_t batch, int64_t buffer_len, DType state,
                              DType act);
 
+// Speculative decoding, one verify step of T tokens per row (method.md, section 8).
+// The baseline reads the state once and writes it after each of the T positions.
+double baseline_spec_bytes_per_step(const Geometry& g, int64_t batch, int64_t window, DType state,
+                                    DType act);
+// ReplaySSM verify: `flushes` is the mean number of flushes per row and verify step, `history` the
+// mean number of committed inputs a row replays.
+double replay_spec_bytes_per_step(const Geometry& g, int64_t batch, int64_t window, double flushes,
+                                  double history, DType state, DType act);
+
+// Bytes one slot holds per layer: the standard decode state; the baseline speculative path's T
+// states; ReplaySSM's checkpoint plus its ring of R inputs.
+double standard_slot_bytes(const Geometry& g, DType state);
+double baseline_spec_slot_bytes(const Geometry& g, int64_t window, DType state);
+double replay_spec_slot_bytes(const Geometry& g, int64_t ring_len, DType state, DType act);
+
 }  // namespace replayssm::tool

@@ -10,6 +10,10 @@ namespace replayssm::tool {
 // Checks the baseline and both ReplaySSM routes against the fp64 oracle over a rollout.
 int run_verify(const std::vector<std::string>& args);
 
+// The --spec mode of verify: ReplaySSM's speculative verify / commit and the baseline speculative
+// path against the fp64 oracle, with random accepted counts.
+int run_spec_verify(const std::vector<std::string>& args);
+
 // Times the baseline and ReplaySSM per decode step. `command_line` is recorded in the JSON.
 int run_bench(const std::vector<std::string>& args, const std::string& command_line);
 

@@ -18,7 +18,9 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  verify     check the baseline and both ReplaySSM routes against the fp64 oracle\n"
+    "             (--spec T: the speculative verify / commit and the baseline speculative path)\n"
     "  bench      time the baseline and ReplaySSM per decode step: bytes, bandwidth, speedup\n"
+    "             (--spec T: per verify step of T tokens)\n"
     "  precision  error of fp32 / fp16 / bf16 states over a long rollout, against the fp64 oracle\n"
     "\n"
     "Run 'replayssm <command> --help' for the options of a command.\n";

@@ -17,6 +17,7 @@
 
 #include "args.hpp"
 #include "commands.hpp"
+#include "error_stats.hpp"
 #include "geometry.hpp"
 #include "workload.hpp"
 
@@ -47,42 +48,8 @@ constexpr const char* kSummary =
     "rows at different buffer positions, and compares them with the fp64 oracle.\n"
     "fp32 state: PASS when the output and checkpoint errors are <= 1e-5. 16-bit state: the\n"
     "baseline must stay within 2x the error of the reference backend with the same state dtype,\n"
-    "and ReplaySSM within 2x the baseline's, plus 1e-5. Exit code 0 iff every path passes.";
-
-// The largest error and the largest reference magnitude seen; NaN counts as an infinite error.
-struct ErrorStat {
-  double max_error = 0, max_reference = 0;
-  void add(double error, double reference) {
-    if (!(error <= max_error)) max_error = std::isnan(error) ? kInfinity : error;
-    max_reference = std::max(max_reference, std::fabs(reference));
-  }
-  double relative() const { return max_reference > 0 ? max_error / max_reference : max_error; }
-};
-
-// The value next to `v` (representable in `dtype`) towards +infinity or -infinity.
-double neighbour(double v, DType dtype, bool up) {
-  if (dtype == DType::kFloat32) return std::nextafter(float(v), up ? INFINITY : -INFINITY);
-  const bool bf16 = dtype == DType::kBFloat16;
-  const uint16_t bits = bf16 ? float_to_bf16(float(v)) : float_to_fp16(float(v));
-  const bool negative = (bits & 0x8000u) != 0;
-  uint16_t next;
-  if ((bits & 0x7fffu) == 0) {
-    next = up ? 0x0001u : 0x8001u;  // the smallest subnormal of that sign
-  } else {
-    next = uint16_t(negative == up ? bits - 1 : bits + 1);  // magnitude down or up
-  }
-  return bf16 ? bf16_to_float(next) : fp16_to_float(next);
-}
-
-// How far `exact` lies outside the interval of values that round to `out` in `dtype`: zero when
-// `out` is the correct rounding of `exact`. Both the oracle and the checked kernels round their
-// output to the activation dtype; this measures the error beyond that last rounding.
-double rounding_excess(double out, double exact, DType dtype) {
-  if (std::isnan(out)) return kInfinity;
-  const double lo = (neighbour(out, dtype, false) + out) / 2;
-  const double hi = (out + neighbour(out, dtype, true)) / 2;
-  return exact < lo ? lo - exact : exact > hi ? exact - hi : 0.0;
-}
+    "and ReplaySSM within 2x the baseline's, plus 1e-5. Exit code 0 iff every path passes.\n"
+    "With --spec T: speculative decoding instead (see 'replayssm verify --spec 4 --help').";
 
 enum class PathKind { kBaseline, kReplay, kReference };
 
@@ -224,6 +191,8 @@ std::string format_limit(double limit) {
 }  // namespace
 
 int run_verify(const std::vector<std::string>& argv) {
+  for (const std::string& arg : argv)
+    if (arg == "--spec" || arg.rfind("--spec=", 0) == 0) return run_spec_verify(argv);
   const std::vector<Option> options = verify_options();
   const Args args(options, argv);
   if (args.help_requested()) {

@@ -73,7 +73,7 @@ struct CursorParams {
 };
 
 // Slot of batch row `row`, or -1 for a pad row.
-inline int64_t slot_of_row(const Mamba2Params& p, int64_t row) {
+REPLAYSSM_HOST_DEVICE int64_t slot_of_row(const Mamba2Params& p, int64_t row) {
   if (p.state_batch_indices == nullptr) return row;
   const int64_t slot = p.state_batch_indices[row * p.state_batch_indices_stride];
   return slot == p.pad_slot_id ? -1 : slot;

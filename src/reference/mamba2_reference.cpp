@@ -140,4 +140,61 @@ void replay_decode(const ReplayParams& p) {
   }
 }
 
+void spec_verify(const SpecVerifyParams& p) {
+  std::vector<double> S(size_t(p.head_dim * p.state_dim));
+  const int64_t act = dtype_size(p.act_dtype);
+  const int64_t mask = p.ring_len - 1;
+  for (int64_t row = 0; row < p.batch; ++row) {
+    const int64_t slot = slot_of_row(p, row);
+    if (slot < 0) continue;
+    const int32_t* ring = p.ring + slot * p.ring_stride_slot;
+    const int64_t origin = ring[0], committed = ring[p.ring_stride_field];
+    const bool flush = spec_flushes(committed, p.window, p.buffer_len);
+    for (int64_t h = 0; h < p.nheads; ++h) {
+      const int64_t g = h / p.heads_per_group;
+      const double A = head_scalar(p.A, h, 0.0), bias = head_scalar(p.dt_bias, h, 0.0);
+      char* x_ring = static_cast<char*>(p.x_cache) + (slot * p.xc_stride_slot + h * p.xc_stride_head) * act;
+      char* B_ring = static_cast<char*>(p.B_cache) + (slot * p.Bc_stride_slot + g * p.Bc_stride_group) * act;
+      float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;
+
+      load_state(S, p, slot, h);
+      for (int64_t j = 0; j < committed; ++j) {
+        const int64_t pos = (origin + j) & mask;
+        step(S, p, Token{x_ring + pos * p.xc_stride_pos * act, B_ring + pos * p.Bc_stride_pos * act, dt_ring[pos]},
+             A, bias);
+      }
+      if (flush) store_state(S, p, slot, h);
+      for (int64_t t = 0; t < valid_tokens(p, row); ++t) {
+        const Mamba2Params position = window_position(p, t);
+        const Token now = current_token(position, row, h);
+        step(S, position, now, A, bias);
+        write_output(S, position, row, h);
+        const int64_t pos = (origin + committed + t) & mask;
+        copy_elements(x_ring + pos * p.xc_stride_pos * act, now.x, p.act_dtype, p.head_dim);
+        if (h % p.heads_per_group == 0)
+          copy_elements(B_ring + pos * p.Bc_stride_pos * act, now.B, p.act_dtype, p.state_dim);
+        dt_ring[pos] = float(now.raw_dt);
+      }
+    }
+  }
+}
+
+void spec_state_update(const SpecBaselineParams& p) {
+  std::vector<double> S(size_t(p.head_dim * p.state_dim));
+  for (int64_t row = 0; row < p.batch; ++row) {
+    if (slot_of_row(p, row) < 0) continue;
+    const int64_t source = baseline_slot(p, row, p.num_accepted_tokens[row * p.num_accepted_tokens_stride] - 1);
+    for (int64_t h = 0; h < p.nheads; ++h) {
+      const double A = head_scalar(p.A, h, 0.0), bias = head_scalar(p.dt_bias, h, 0.0);
+      load_state(S, p, source, h);
+      for (int64_t t = 0; t < valid_tokens(p, row); ++t) {
+        const Mamba2Params position = window_position(p, t);
+        step(S, position, current_token(position, row, h), A, bias);
+        store_state(S, position, baseline_slot(p, row, t), h);
+        write_output(S, position, row, h);
+      }
+    }
+  }
+}
+
 }  // namespace replayssm::reference

@@ -1,0 +1,318 @@
+// The building blocks of the CPU kernels, shared by standard decode (mamba2_cpu.cpp) and
+// speculative decoding (mamba2_spec_cpu.cpp): fp32 vectors, the windows of tokens a head replays,
+// and the register-tiled state and output arithmetic. Every file that includes this one is compiled
+// with the same target options (CMakeLists.txt), so the vector types agree.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "api/params.hpp"
+#include "common/mamba2_math.hpp"
+#include "cpu/thread_pool.hpp"
+
+namespace replayssm::cpu {
+
+constexpr int64_t kMaxTokens = 64;  // history plus the current token, at most L
+// Register tiles of the state-and-output route: kRows state rows x kTile columns, in vectors of
+// kLanes floats (GCC/Clang vector extensions: AVX registers where the target has them).
+constexpr int kLanes = 8;
+constexpr int kTileVecs = 2;
+constexpr int64_t kTile = kLanes * kTileVecs;
+constexpr int kRows = 4;       // rows of a register tile
+constexpr int kReadHeads = 8;  // heads whose checkpoints the output-only route reads at once
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Vec load_vec(const float* src) {
+  Vec v;
+  std::memcpy(&v, src, sizeof(v));
+  return v;
+}
+
+inline float horizontal_sum(Vec v) {
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += v[l];
+  return sum;
+}
+
+typedef uint32_t Bits __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef uint16_t Bits16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+
+// kLanes consecutive elements widened to fp32, as whole vectors where the format allows it
+// (a per-lane loop through memory does not compile to vector loads).
+inline Vec widen_vec(const float* src) { return load_vec(src); }
+
+inline Vec widen_vec(const BFloat16* src) {
+  Bits16 half;
+  std::memcpy(&half, src, sizeof(half));
+  const Bits bits = __builtin_convertvector(half, Bits) << 16;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+inline Vec widen_vec(const Half* src) {
+  float lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = to_float(src[l]);
+  return load_vec(lanes);
+}
+
+// The same rounding as from_float<S>, kLanes at a time.
+inline void narrow_vec(Vec v, float* dst) { std::memcpy(dst, &v, sizeof(v)); }
+
+inline void narrow_vec(Vec v, BFloat16* dst) {
+  Bits u;
+  std::memcpy(&u, &v, sizeof(u));
+  const Bits nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
+  const Bits rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const Bits16 out = __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & rounded), Bits16);
+  std::memcpy(dst, &out, sizeof(out));
+}
+
+inline void narrow_vec(Vec v, Half* dst) {
+  for (int l = 0; l < kLanes; ++l) dst[l] = from_float<Half>(v[l]);
+}
+
+// A partial vector (the last tile of a state dim that is not a multiple of kLanes): past
+// `valid`, zeros in and nothing out.
+template <bool kFull, typename S> Vec load_widened(const S* src, int64_t valid) {
+  if (kFull) return widen_vec(src);
+  float lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = l < valid ? to_float(src[l]) : 0.f;
+  return load_vec(lanes);
+}
+
+template <bool kFull, typename S> void store_narrowed(Vec v, S* dst, int64_t valid) {
+  if (kFull) return narrow_vec(v, dst);
+  for (int l = 0; l < valid && l < kLanes; ++l) dst[l] = from_float<S>(v[l]);
+}
+
+template <typename T> const T* at(const void* base, int64_t offset) {
+  return static_cast<const T*>(base) + offset;
+}
+template <typename T> T* at(void* base, int64_t offset) { return static_cast<T*>(base) + offset; }
+
+template <typename T> void widen(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+}
+
+inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+inline float head_scalar(const HeadScalar& s, int64_t h, float absent) {
+  return s.data ? load_as<float>(s.data, s.dtype, h * s.stride) : absent;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+// Visits the rows [0, P) in blocks of R rows spaced P / R apart, then the leftover rows one by
+// one: fn(std::integral_constant<int, rows>, first, stride). Rows far apart are R memory streams
+// in flight at once; one stream per core falls well short of a CPU's memory bandwidth.
+template <int R, typename Fn> void for_row_blocks(int64_t P, const Fn& fn) {
+  const int64_t stride = P / R;
+  for (int64_t i = 0; i < stride; ++i) fn(std::integral_constant<int, R>{}, i, stride);
+  for (int64_t i = stride * R; i < P; ++i) fn(std::integral_constant<int, 1>{}, i, int64_t(1));
+}
+
+// Per-thread scratch, grown once and reused: no allocation in steady state.
+inline float* scratch(int64_t floats) {
+  thread_local std::vector<float> buffer;
+  if (int64_t(buffer.size()) < floats) buffer.resize(size_t(floats));
+  return buffer.data();
+}
+
+// What the heads of one (row, group) share: the `count` tokens since the checkpoint (cached ones,
+// then the current one), their B widened to fp32 and zero padded to whole tiles, and C.
+struct GroupWindow {
+  int64_t count = 0;
+  float* C = nullptr;   // (n_pad)
+  float* Bf = nullptr;  // (count, n_pad)
+  float bc[kMaxTokens];  // B_j . C, for the output-only route
+};
+
+// One head's view of the tokens: weight[j] = dt_j exp(A sum_{i>j} dt_i) scales token j and
+// checkpoint_decay = exp(A sum_i dt_i) scales the checkpoint (backward sums: no cancellation).
+struct HeadWindow {
+  const void* x[kMaxTokens];  // (P) act each
+  float weight[kMaxTokens];
+  float checkpoint_decay = 1.f;
+
+  void weigh(int64_t count, const float* raw_dt, float A, float bias, bool dt_softplus) {
+    float later = 0.f;  // sum of the effective dt of the tokens after j
+    for (int64_t j = count - 1; j >= 0; --j) {
+      const float dt = effective_dt(raw_dt[j], bias, dt_softplus);
+      weight[j] = dt * std::exp(A * later);
+      later += dt;
+    }
+    checkpoint_decay = std::exp(A * later);
+  }
+};
+
+template <typename S, typename Act> class HeadKernel {
+ public:
+  HeadKernel(const Mamba2Params& p, int64_t max_tokens)
+      : p_(p), n_pad_(round_up(p.state_dim, kTile)), max_tokens_(max_tokens) {}
+
+  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P), dots (heads per group, P).
+  int64_t scratch_floats() const {
+    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_ + p_.heads_per_group) * p_.head_dim;
+  }
+
+  void load_group(GroupWindow& gw, const void* const* B, int64_t row, int64_t g, float* work,
+                  bool with_bc) const {
+    const int64_t N = p_.state_dim;
+    gw.C = work;
+    gw.Bf = work + n_pad_;
+    widen(at<Act>(p_.C, row * p_.C_stride_batch + g * p_.C_stride_group), gw.C, N);
+    std::fill(gw.C + N, gw.C + n_pad_, 0.f);
+    for (int64_t j = 0; j < gw.count; ++j) {
+      float* b = gw.Bf + j * n_pad_;
+      widen(static_cast<const Act*>(B[j]), b, N);
+      std::fill(b + N, b + n_pad_, 0.f);
+      if (with_bc) gw.bc[j] = dot(b, gw.C, N);
+    }
+  }
+
+  float* y_of(float* work) const { return work + (1 + max_tokens_) * n_pad_; }
+  float* a_of(float* work) const { return y_of(work) + p_.head_dim; }
+  float* dots_of(float* work) const { return a_of(work) + max_tokens_ * p_.head_dim; }
+
+  // State-and-output: S = decay S0 + sum_j (weight_j x_j) B_j^T in register tiles, y = S C. S0 is
+  // read from `from`; S is stored to `to` unless it is null (a flush or the baseline: `to` ==
+  // `from`; the speculative baseline: the slot of the next window position).
+  void state_and_output(const GroupWindow& gw, const HeadWindow& hw, const S* from, S* to,
+                        float* y, float* a) const {
+    const int64_t P = p_.head_dim;
+    for (int64_t j = 0; j < gw.count; ++j) {
+      const Act* x = static_cast<const Act*>(hw.x[j]);
+      for (int64_t i = 0; i < P; ++i) a[j * P + i] = hw.weight[j] * to_float(x[i]);
+    }
+    for_row_blocks<kRows>(P, [&](auto block, int64_t first, int64_t stride) {
+      rows<decltype(block)::value>(gw, hw, from, to, a, first, stride, y);
+    });
+  }
+
+  // dots (heads, P) = S0_h C for `heads` consecutive heads of one group (they share C). Heads are
+  // read kReadHeads at a time, each row after row: long sequential streams, several in flight.
+  void checkpoint_dots(const S* state, int64_t heads, const float* C, float* dots) const {
+    int64_t h = 0;
+    for (; h + kReadHeads <= heads; h += kReadHeads) heads_dot_C<kReadHeads>(state, h, C, dots);
+    for (; h < heads; ++h) heads_dot_C<1>(state, h, C, dots);
+  }
+
+  // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j, from the head's S0 C.
+  void output_only(const GroupWindow& gw, const HeadWindow& hw, const float* dots, float* y) const {
+    const int64_t P = p_.head_dim;
+    for (int64_t i = 0; i < P; ++i) y[i] = hw.checkpoint_decay * dots[i];
+    for (int64_t j = 0; j < gw.count; ++j) {
+      const float coef = hw.weight[j] * gw.bc[j];
+      const Act* x = static_cast<const Act*>(hw.x[j]);
+#pragma omp simd
+      for (int64_t k = 0; k < P; ++k) y[k] += coef * to_float(x[k]);
+    }
+  }
+
+  // out = (y + D x) * silu(z).
+  void finish(const float* y, int64_t row, int64_t h) const {
+    const Act* x = at<Act>(p_.x, row * p_.x_stride_batch + h * p_.x_stride_head);
+    Act* out = at<Act>(p_.out, row * p_.out_stride_batch + h * p_.out_stride_head);
+    const float D = head_scalar(p_.D, h, 0.f);
+    const Act* z = p_.z ? at<Act>(p_.z, row * p_.z_stride_batch + h * p_.z_stride_head) : nullptr;
+    for (int64_t i = 0; i < p_.head_dim; ++i) {
+      float v = y[i] + D * to_float(x[i]);
+      if (z) v *= silu(to_float(z[i]));
+      out[i] = from_float<Act>(v);
+    }
+  }
+
+ private:
+  // dots[h0 + r][i] = S0_{h0 + r}[i, :] . C for r < R, every row i.
+  template <int R> void heads_dot_C(const S* state, int64_t h0, const float* C, float* dots) const {
+    const int64_t N = p_.state_dim;
+    for (int64_t i = 0; i < p_.head_dim; ++i) {
+      Vec acc[R] = {};
+      const S* row = state + h0 * p_.state_stride_head + i * p_.state_stride_p;
+      int64_t n0 = 0;
+      for (; n0 + kLanes <= N; n0 += kLanes) {
+        const Vec c = load_vec(C + n0);
+        for (int r = 0; r < R; ++r) acc[r] += widen_vec(row + r * p_.state_stride_head + n0) * c;
+      }
+      if (n0 < N) {
+        const Vec c = load_vec(C + n0);
+        for (int r = 0; r < R; ++r)
+          acc[r] += load_widened<false>(row + r * p_.state_stride_head + n0, N - n0) * c;
+      }
+      for (int r = 0; r < R; ++r) dots[(h0 + r) * p_.head_dim + i] = horizontal_sum(acc[r]);
+    }
+  }
+
+  // Rows i0 + r * stride (r < R) of the state, tile by tile.
+  template <int R>
+  void rows(const GroupWindow& gw, const HeadWindow& hw, const S* from, S* to, const float* a,
+            int64_t i0, int64_t stride, float* y) const {
+    Vec y_part[R][kTileVecs] = {};
+    for (int64_t n0 = 0; n0 < p_.state_dim; n0 += kTile) {
+      if (n0 + kTile <= p_.state_dim)
+        tile<R, true>(gw, hw, from, to, a, i0, stride, n0, y_part);
+      else
+        tile<R, false>(gw, hw, from, to, a, i0, stride, n0, y_part);
+    }
+    for (int r = 0; r < R; ++r) {
+      Vec sum = {};
+      for (int v = 0; v < kTileVecs; ++v) sum += y_part[r][v];
+      y[i0 + r * stride] = horizontal_sum(sum);
+    }
+  }
+
+  template <int R, bool kFullTile>
+  void tile(const GroupWindow& gw, const HeadWindow& hw, const S* from, S* to, const float* a,
+            int64_t i0, int64_t stride, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
+    const int64_t P = p_.head_dim;
+    const int64_t width = kFullTile ? kTile : p_.state_dim - n0;
+    Vec acc[R][kTileVecs];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kTileVecs; ++v)
+        acc[r][v] = hw.checkpoint_decay *
+                    load_widened<kFullTile>(from + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,
+                                            width - v * kLanes);
+    for (int64_t j = 0; j < gw.count; ++j) {
+      const float* b = gw.Bf + j * n_pad_ + n0;
+      Vec bv[kTileVecs];
+      for (int v = 0; v < kTileVecs; ++v) bv[v] = load_vec(b + v * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const float ar = a[j * P + i0 + r * stride];
+        for (int v = 0; v < kTileVecs; ++v) acc[r][v] += ar * bv[v];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kTileVecs; ++v) y_part[r][v] += acc[r][v] * load_vec(gw.C + n0 + v * kLanes);
+    if (to)
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < kTileVecs; ++v)
+          store_narrowed<kFullTile>(acc[r][v], to + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,
+                                    width - v * kLanes);
+  }
+
+  const Mamba2Params& p_;
+  int64_t n_pad_;
+  int64_t max_tokens_;
+};
+
+// Heads of one group handled by one work item: whole groups when the batch gives every thread
+// enough items, smaller chunks at small batch.
+inline int64_t heads_per_item(const Mamba2Params& p) {
+  int64_t chunk = p.heads_per_group;
+  const int64_t wanted = 8 * int64_t(thread_count());
+  while (chunk > 1 && p.batch * p.ngroups * ((p.heads_per_group + chunk - 1) / chunk) < wanted)
+    chunk = (chunk + 1) / 2;
+  return chunk;
+}
+
+}  // namespace replayssm::cpu

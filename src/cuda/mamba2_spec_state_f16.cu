@@ -1,0 +1,4 @@
+// Speculative kernels with an fp16 state, for every activation dtype.
+#include "cuda/mamba2_spec_kernels.cuh"
+
+REPLAYSSM_INSTANTIATE_SPEC_LAUNCHERS(replayssm::Half)
