@@ -50,7 +50,8 @@ Vec widen_vec(const BFloat16* src) {
   return v;
 }
 
-Vec widen_vec(const Half* src) {
+// fp16 and the 8-bit formats, lane by lane.
+template <typename S> Vec widen_vec(const S* src) {
   float lanes[kLanes];
   for (int l = 0; l < kLanes; ++l) lanes[l] = to_float(src[l]);
   return load_vec(lanes);
@@ -68,8 +69,8 @@ void narrow_vec(Vec v, BFloat16* dst) {
   std::memcpy(dst, &out, sizeof(out));
 }
 
-void narrow_vec(Vec v, Half* dst) {
-  for (int l = 0; l < kLanes; ++l) dst[l] = from_float<Half>(v[l]);
+template <typename S> void narrow_vec(Vec v, S* dst) {
+  for (int l = 0; l < kLanes; ++l) dst[l] = from_float<S>(v[l]);
 }
 
 // A partial vector (the last tile of a state dim that is not a multiple of kLanes): past
@@ -156,9 +157,11 @@ template <typename S, typename Act> class HeadKernel {
   HeadKernel(const Mamba2Params& p, int64_t max_tokens)
       : p_(p), n_pad_(round_up(p.state_dim, kTile)), max_tokens_(max_tokens) {}
 
-  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P), dots (heads per group, P).
+  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P), dots (heads per group, P),
+  // staged (P, n_pad).
   int64_t scratch_floats() const {
-    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_ + p_.heads_per_group) * p_.head_dim;
+    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_ + p_.heads_per_group) * p_.head_dim +
+           p_.head_dim * n_pad_;
   }
 
   void load_group(GroupWindow& gw, const void* const* B, int64_t row, int64_t g, float* work,
@@ -176,30 +179,40 @@ template <typename S, typename Act> class HeadKernel {
     }
   }
 
+  int64_t padded_state_dim() const { return n_pad_; }
   float* y_of(float* work) const { return work + (1 + max_tokens_) * n_pad_; }
   float* a_of(float* work) const { return y_of(work) + p_.head_dim; }
   float* dots_of(float* work) const { return a_of(work) + max_tokens_ * p_.head_dim; }
+  float* staged_of(float* work) const { return dots_of(work) + p_.heads_per_group * p_.head_dim; }
 
   // State-and-output: S = decay S0 + sum_j (weight_j x_j) B_j^T in register tiles, y = S C; the
-  // state is stored back when `store` (a flush, or the baseline).
-  void state_and_output(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, float* y,
-                        float* a) const {
+  // state is stored back when `store` (a flush, or the baseline): rounded to S in place, or, when
+  // `staged` (P, n_pad) is given, kept in fp32 there for round_checkpoint_row. `scale` (P): the
+  // row scales of an 8-bit checkpoint, else nullptr.
+  void state_and_output(const GroupWindow& gw, const HeadWindow& hw, S* state, const float* scale,
+                        bool store, float* staged, float* y, float* a) const {
     const int64_t P = p_.head_dim;
     for (int64_t j = 0; j < gw.count; ++j) {
       const Act* x = static_cast<const Act*>(hw.x[j]);
       for (int64_t i = 0; i < P; ++i) a[j * P + i] = hw.weight[j] * to_float(x[i]);
     }
     for_row_blocks<kRows>(P, [&](auto block, int64_t first, int64_t stride) {
-      rows<decltype(block)::value>(gw, hw, state, store, a, first, stride, y);
+      rows<decltype(block)::value>(gw, hw, state, scale, store, staged, a, first, stride, y);
     });
   }
 
   // dots (heads, P) = S0_h C for `heads` consecutive heads of one group (they share C). Heads are
   // read kReadHeads at a time, each row after row: long sequential streams, several in flight.
-  void checkpoint_dots(const S* state, int64_t heads, const float* C, float* dots) const {
+  // `scale` (heads, P) with head stride `scale_stride`: an 8-bit checkpoint's row scales, else
+  // nullptr.
+  void checkpoint_dots(const S* state, const float* scale, int64_t scale_stride, int64_t heads,
+                       const float* C, float* dots) const {
     int64_t h = 0;
     for (; h + kReadHeads <= heads; h += kReadHeads) heads_dot_C<kReadHeads>(state, h, C, dots);
     for (; h < heads; ++h) heads_dot_C<1>(state, h, C, dots);
+    if (scale)
+      for (h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < p_.head_dim; ++i) dots[h * p_.head_dim + i] *= scale[h * scale_stride + i];
   }
 
   // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j, from the head's S0 C.
@@ -250,14 +263,16 @@ template <typename S, typename Act> class HeadKernel {
 
   // Rows i0 + r * stride (r < R) of the state, tile by tile.
   template <int R>
-  void rows(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, const float* a,
-            int64_t i0, int64_t stride, float* y) const {
+  void rows(const GroupWindow& gw, const HeadWindow& hw, S* state, const float* scale, bool store,
+            float* staged, const float* a, int64_t i0, int64_t stride, float* y) const {
     Vec y_part[R][kTileVecs] = {};
+    float decay[R];  // of each row's stored values: the checkpoint's decay times the row's scale
+    for (int r = 0; r < R; ++r) decay[r] = hw.checkpoint_decay * (scale ? scale[i0 + r * stride] : 1.f);
     for (int64_t n0 = 0; n0 < p_.state_dim; n0 += kTile) {
       if (n0 + kTile <= p_.state_dim)
-        tile<R, true>(gw, hw, state, store, a, i0, stride, n0, y_part);
+        tile<R, true>(gw, decay, state, store, staged, a, i0, stride, n0, y_part);
       else
-        tile<R, false>(gw, hw, state, store, a, i0, stride, n0, y_part);
+        tile<R, false>(gw, decay, state, store, staged, a, i0, stride, n0, y_part);
     }
     for (int r = 0; r < R; ++r) {
       Vec sum = {};
@@ -267,14 +282,14 @@ template <typename S, typename Act> class HeadKernel {
   }
 
   template <int R, bool kFullTile>
-  void tile(const GroupWindow& gw, const HeadWindow& hw, S* state, bool store, const float* a,
-            int64_t i0, int64_t stride, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
+  void tile(const GroupWindow& gw, const float (&decay)[R], S* state, bool store, float* staged,
+            const float* a, int64_t i0, int64_t stride, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
     const int64_t P = p_.head_dim;
     const int64_t width = kFullTile ? kTile : p_.state_dim - n0;
     Vec acc[R][kTileVecs];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < kTileVecs; ++v)
-        acc[r][v] = hw.checkpoint_decay *
+        acc[r][v] = decay[r] *
                     load_widened<kFullTile>(state + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,
                                             width - v * kLanes);
     for (int64_t j = 0; j < gw.count; ++j) {
@@ -288,7 +303,11 @@ template <typename S, typename Act> class HeadKernel {
     }
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < kTileVecs; ++v) y_part[r][v] += acc[r][v] * load_vec(gw.C + n0 + v * kLanes);
-    if (store)
+    if (store && staged)
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < kTileVecs; ++v)
+          store_narrowed<true>(acc[r][v], staged + (i0 + r * stride) * n_pad_ + n0 + v * kLanes, kLanes);
+    else if (store)
       for (int r = 0; r < R; ++r)
         for (int v = 0; v < kTileVecs; ++v)
           store_narrowed<kFullTile>(acc[r][v], state + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,
@@ -315,6 +334,9 @@ int64_t heads_per_item(const Mamba2Params& p) {
 template <typename S, typename Act> void decode(const Mamba2Params& p, const ReplayParams* replay) {
   const HeadKernel<S, Act> kernel(p, replay ? replay->buffer_len : 1);
   const bool output_only = replay && replay->route != ReplayRoute::kStateAndOutput;
+  // Flushes that round row by row (a row's scale needs all of it; stochastic rounding its
+  // elements' indices) stage the state in fp32 first.
+  const bool staged_flush = replay && (CheckpointFormat<S>::kScaled || replay->stochastic_rounding);
   const int64_t chunk = heads_per_item(p);
   const int64_t chunks = (p.heads_per_group + chunk - 1) / chunk;
   const int64_t act = sizeof(Act);
@@ -323,6 +345,7 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
     float* y = kernel.y_of(work);
     float* a = kernel.a_of(work);
     float* dots = kernel.dots_of(work);
+    float* staged = staged_flush ? kernel.staged_of(work) : nullptr;
     const void* B[kMaxTokens];
     float raw_dt[kMaxTokens];
     for (int64_t item = begin; item < end; ++item) {
@@ -345,7 +368,14 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
       B[fill] = at<Act>(p.B, row * p.B_stride_batch + g * p.B_stride_group);
       kernel.load_group(gw, B, row, g, work, row_output_only);
       S* group_state = at<S>(p.state, slot * p.state_stride_slot + h_begin * p.state_stride_head);
-      if (row_output_only) kernel.checkpoint_dots(group_state, h_end - h_begin, gw.C, dots);
+      float* group_scale = replay && replay->state_scale
+                               ? replay->state_scale + slot * replay->scale_stride_slot +
+                                     h_begin * replay->scale_stride_head
+                               : nullptr;
+      if (row_output_only)
+        kernel.checkpoint_dots(group_state, group_scale, group_scale ? replay->scale_stride_head : 0,
+                               h_end - h_begin, gw.C, dots);
+      FlushRandomBits random = replay && flush ? flush_random_bits(*replay, slot) : FlushRandomBits(0, 0, 0, 0);
 
       for (int64_t h = h_begin; h < h_end; ++h) {
         HeadWindow hw;
@@ -364,11 +394,18 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
         hw.weigh(gw.count, raw_dt, head_scalar(p.A, h, 0.f), head_scalar(p.dt_bias, h, 0.f),
                  p.dt_softplus);
 
+        S* state = group_state + (h - h_begin) * p.state_stride_head;
+        float* scale = group_scale ? group_scale + (h - h_begin) * replay->scale_stride_head : nullptr;
         if (row_output_only)
           kernel.output_only(gw, hw, dots + (h - h_begin) * p.head_dim, y);
         else
-          kernel.state_and_output(gw, hw, group_state + (h - h_begin) * p.state_stride_head, flush, y, a);
+          kernel.state_and_output(gw, hw, state, scale, flush, staged, y, a);
         kernel.finish(y, row, h);
+        if (flush && staged)
+          for (int64_t i = 0; i < p.head_dim; ++i)
+            round_checkpoint_row(staged + i * kernel.padded_state_dim(), p.state_dim, state + i * p.state_stride_p,
+                                 scale ? scale + i : nullptr, replay->stochastic_rounding, random,
+                                 uint32_t((h * p.head_dim + i) * p.state_dim));
 
         if (!flush) {  // append the token; heads of a group share B, the first one stores it
           std::memcpy(x_hist + fill * replay->xc_stride_pos, hw.x[fill], size_t(p.head_dim) * act);
@@ -379,6 +416,13 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
       }
     }
   });
+  // After every head has drawn its random bits from the count.
+  if (replay && replay->stochastic_rounding)
+    for (int64_t row = 0; row < p.batch; ++row) {
+      const int64_t slot = slot_of_row(p, row);
+      if (slot >= 0 && replay->cursors[slot * replay->cursors_stride] == replay->buffer_len - 1)
+        count_flush(*replay, slot);
+    }
 }
 
 // Instantiates decode for the call's (state, activation) dtypes.
@@ -394,6 +438,8 @@ void dispatch(const Mamba2Params& p, const ReplayParams* replay) {
   switch (p.state_dtype) {
     case DType::kFloat16: return with_act(Half{});
     case DType::kBFloat16: return with_act(BFloat16{});
+    case DType::kInt8: return with_act(Int8{});
+    case DType::kFloat8E4M3: return with_act(Float8E4M3{});
     default: return with_act(float{});
   }
 }
