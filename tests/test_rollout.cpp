@@ -125,6 +125,50 @@ std::vector<RolloutConfig> recycling_cases() {
   return {shuffled, identity};
 }
 
+// 8-bit checkpoints and stochastic rounding at flush: every format with each route, partial
+// register tiles (N = 33), recycled slots, a long run and the real geometries.
+std::vector<RolloutConfig> low_precision_cases() {
+  std::vector<RolloutConfig> cases;
+  cases.push_back(config(kOddGrouped, 16, Route::kOutputOnly, DT::kInt8, DT::kFloat32));
+  cases.push_back(config(kSmall, 7, Route::kStateAndOutput, DT::kInt8, DT::kBFloat16));
+  cases.push_back(config(kOddWideState, 2, Route::kAuto, DT::kInt8, DT::kFloat16));
+  cases.push_back(config(kOddGrouped, 7, Route::kStateAndOutput, DT::kFloat8E4M3, DT::kBFloat16));
+  cases.push_back(config(kSmall, 16, Route::kOutputOnly, DT::kFloat8E4M3, DT::kFloat16));
+  cases.push_back(config(kOddWideState, 32, Route::kAuto, DT::kFloat8E4M3, DT::kFloat32));
+  for (auto [geometry, L, route, state, act] :
+       {std::tuple{kOddGrouped, 16, Route::kOutputOnly, DT::kFloat16, DT::kBFloat16},
+        std::tuple{kSmall, 7, Route::kStateAndOutput, DT::kBFloat16, DT::kBFloat16},
+        std::tuple{kOddWideState, 7, Route::kAuto, DT::kInt8, DT::kFloat16},
+        std::tuple{kSmall, 16, Route::kOutputOnly, DT::kFloat8E4M3, DT::kBFloat16}}) {
+    RolloutConfig c = config(geometry, L, route, state, act);
+    c.stochastic_rounding = true;
+    cases.push_back(c);
+  }
+  RolloutConfig c = config(kSmall, 16, Route::kAuto, DT::kInt8, DT::kBFloat16);
+  c.recycles = 3;
+  c.mapping = SlotMapping::kIdentity;
+  cases.push_back(c);
+  c = config(kOddGrouped, 7, Route::kOutputOnly, DT::kBFloat16, DT::kFloat16);
+  c.recycles = 3;
+  c.stochastic_rounding = true;
+  cases.push_back(c);
+  c = config(kSmall, 16, Route::kAuto, DT::kFloat8E4M3, DT::kBFloat16);
+  c.steps = 120;
+  c.stochastic_rounding = true;
+  cases.push_back(c);
+  for (auto [geometry, L, route, state, sr] :
+       {std::tuple{kNemotronH, 16, Route::kOutputOnly, DT::kInt8, false},
+        std::tuple{kMamba2_2p7b, 7, Route::kStateAndOutput, DT::kFloat8E4M3, true},
+        std::tuple{kNemotronNano4b, 7, Route::kAuto, DT::kFloat16, true}}) {
+    c = config(geometry, L, route, state, DT::kBFloat16);
+    c.stochastic_rounding = sr;
+    c.requests = 2;
+    c.foreign_slots = 1;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 // Each case on the reference, CPU and CUDA backends.
 std::vector<RolloutConfig> on_every_backend(const std::vector<RolloutConfig>& cases) {
   std::vector<RolloutConfig> all;
@@ -141,6 +185,11 @@ class RolloutTest : public ::testing::TestWithParam<RolloutConfig> {};
 TEST_P(RolloutTest, MatchesOracle) {
   const RolloutConfig& c = GetParam();
   REPLAYSSM_SKIP_IF_UNAVAILABLE(c.backend);
+  if ((c.stochastic_rounding || is_scaled_checkpoint(c.state_dtype)) &&
+      !supports_low_precision_checkpoints(c.backend))
+    GTEST_SKIP() << "the " << backend_name(c.backend)
+                 << " backend does not implement 8-bit checkpoints and stochastic rounding yet "
+                    "(supports_low_precision_checkpoints)";
   Rollout rollout(c);
   rollout.run();
   const Report& r = rollout.report();
@@ -160,6 +209,8 @@ std::string test_name(const ::testing::TestParamInfo<RolloutConfig>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, RolloutTest, ::testing::ValuesIn(on_every_backend(matrix_cases())), test_name);
 INSTANTIATE_TEST_SUITE_P(Long, RolloutTest, ::testing::ValuesIn(on_every_backend(long_cases())), test_name);
+INSTANTIATE_TEST_SUITE_P(LowPrecision, RolloutTest, ::testing::ValuesIn(on_every_backend(low_precision_cases())),
+                         test_name);
 INSTANTIATE_TEST_SUITE_P(RecycledSlots, RolloutTest, ::testing::ValuesIn(on_every_backend(recycling_cases())),
                          test_name);
 

@@ -52,6 +52,20 @@ struct Call {
     reset_slots = ints({2, -1});
   }
 
+  // The checkpoint as int8 with its scales (valid).
+  void int8_checkpoint() {
+    cache.state = tensor(DType::kInt8, {kSlots, H, P, N}, {}, 3);
+    cache.state_scale = tensor(DType::kFloat32, {kSlots, H, P}, {}, 0.01);
+  }
+
+  // A float16 checkpoint with stochastic rounding (valid).
+  void stochastic_rounding() {
+    cache.state = tensor(DType::kFloat16, {kSlots, H, P, N});
+    cache.stochastic_rounding = true;
+    cache.rounding_seed = ints({7, 11});
+    cache.flush_counts = ints({0, 0, 0, 0, 0});
+  }
+
   // A fresh tensor of `shape` (with `strides`, contiguous if empty), every element `value`.
   TensorView tensor(DType dtype, const std::vector<int64_t>& shape, std::vector<int64_t> strides = {},
                     double value = 0.5) {
@@ -105,6 +119,7 @@ struct Call {
 // Which entry points a broken call is given to.
 enum class Entry {
   kStep,    // selective_state_update and replay_decode: the step's arguments
+  kBaseline,  // selective_state_update only
   kReplay,  // replay_decode: the cache's arguments
   kAdvance,
   kReset,
@@ -124,6 +139,7 @@ void PrintTo(const ValidationCase& c, std::ostream* os) { *os << c.name; }
 
 void invoke(const Call& call, Entry entry, bool replay) {
   switch (entry) {
+    case Entry::kBaseline:
     case Entry::kStep:
       if (!replay) return selective_state_update(call.cache.state, call.step, call.options);
       [[fallthrough]];
@@ -140,6 +156,7 @@ void invoke(const Call& call, Entry entry, bool replay) {
 const char* entry_name(Entry entry, bool replay) {
   switch (entry) {
     case Entry::kStep: return replay ? "replay_decode" : "selective_state_update";
+    case Entry::kBaseline: return "selective_state_update";
     case Entry::kReplay: return "replay_decode";
     case Entry::kAdvance: return "replay_advance";
     case Entry::kReset: return "replay_reset";
@@ -218,6 +235,104 @@ std::vector<ValidationCase> cases() {
       {"state has dtype int32 but must be float32, float16 or bfloat16"});
   add("StateLastAxisStrided", S, [](Call& k) { k.cache.state = k.last_axis_strided(k.cache.state); },
       {"state.stride(3)=2 must be 1 (last axis contiguous)"});
+
+  // 8-bit checkpoints and their scales.
+  const Entry B = Entry::kBaseline;
+  add("BaselineInt8State", B, [](Call& k) { k.int8_checkpoint(); },
+      {"state has dtype int8, an 8-bit checkpoint format of replay_decode (with state_scale); "
+       "selective_state_update needs float32, float16 or bfloat16"});
+  add("Int8CheckpointWithoutScale", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = {};
+      }, {"state_scale (slots, nheads, head_dim) float32 is required: state has dtype int8"});
+  add("Float8CheckpointWithoutScale", R, [](Call& k) { k.cache.state = k.retyped(k.cache.state, DType::kFloat8E4M3); },
+      {"state_scale (slots, nheads, head_dim) float32 is required: state has dtype float8_e4m3fn"});
+  add("ScaleWithFloat16State", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state = k.retyped(k.cache.state, DType::kFloat16);
+      }, {"state_scale was given but state has dtype float16; only int8 and float8_e4m3fn checkpoints have a scale"});
+  add("ScaleRank2", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = k.reshaped(k.cache.state_scale, {kSlots, H * P});
+      }, {"state_scale must have rank 3 (slots, nheads, head_dim), got rank 2"});
+  add("ScaleSlotsMismatch", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = k.reshaped(k.cache.state_scale, {4, H, P});
+      }, {"state_scale.size(0)=4 must equal slots (state.size(0))=5"});
+  add("ScaleHeadsMismatch", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = k.reshaped(k.cache.state_scale, {kSlots, 3, P});
+      }, {"state_scale.size(1)=3 must equal nheads=4"});
+  add("ScaleHeadDimMismatch", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = k.reshaped(k.cache.state_scale, {kSlots, H, 2});
+      }, {"state_scale.size(2)=2 must equal head_dim=3"});
+  add("ScaleFloat16", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = k.retyped(k.cache.state_scale, DType::kFloat16);
+      }, {"state_scale has dtype float16 but must be float32"});
+  add("ScaleLastAxisStrided", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = k.last_axis_strided(k.cache.state_scale);
+      }, {"state_scale.stride(2)=2 must be 1 (last axis contiguous)"});
+  add("ScaleOnAnotherDevice", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale.device = kCudaDevice;
+      }, {"state_scale is on cuda:0 but state is on cpu:0"});
+  add("ScaleOverlapsXCache", R, [](Call& k) {
+        k.int8_checkpoint();
+        k.cache.state_scale = Call::inside(k.cache.x_cache, 0, DType::kFloat32, {kSlots, H, P});
+      }, {"x_cache and state_scale overlap in memory"});
+
+  // Stochastic rounding.
+  add("StochasticRoundingFloat32State", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.state = k.retyped(k.cache.state, DType::kFloat32);
+      }, {"stochastic_rounding needs a float16, bfloat16, int8 or float8_e4m3fn checkpoint, but state has dtype float32"});
+  add("StochasticRoundingWithoutSeed", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.rounding_seed = {};
+      }, {"rounding_seed (2) int32 is required when stochastic_rounding is on"});
+  add("StochasticRoundingWithoutFlushCounts", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.flush_counts = {};
+      }, {"flush_counts (slots) int32 is required when stochastic_rounding is on"});
+  add("SeedRank2", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.rounding_seed = k.tensor(DType::kInt32, {1, 2});
+      }, {"rounding_seed must have rank 1 (2), got rank 2"});
+  add("SeedThreeWords", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.rounding_seed = k.ints({1, 2, 3});
+      }, {"rounding_seed.size(0)=3 must equal the words of the Philox key=2"});
+  add("SeedFloat32", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.rounding_seed = k.tensor(DType::kFloat32, {2});
+      }, {"rounding_seed has dtype float32 but must be int32"});
+  add("SeedOnAnotherDevice", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.rounding_seed.device = kCudaDevice;
+      }, {"rounding_seed is on cuda:0 but state is on cpu:0"});
+  add("FlushCountsRank2", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.flush_counts = k.tensor(DType::kInt32, {kSlots, 1});
+      }, {"flush_counts must have rank 1 (slots), got rank 2"});
+  add("FlushCountsSlotsMismatch", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.flush_counts = k.ints({0, 0, 0, 0});
+      }, {"flush_counts.size(0)=4 must equal slots (state.size(0))=5"});
+  add("FlushCountsFloat32", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.flush_counts = k.tensor(DType::kFloat32, {kSlots});
+      }, {"flush_counts has dtype float32 but must be int32"});
+  add("FlushCountsOverlapCursors", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.flush_counts = k.cache.cursors;
+      }, {"flush_counts (written) overlaps cursors in memory"});
+  add("FlushCountsOverlapSeed", R, [](Call& k) {
+        k.stochastic_rounding();
+        k.cache.rounding_seed = Call::inside(k.cache.flush_counts, 4, DType::kInt32, {2});
+      }, {"flush_counts (written) overlaps rounding_seed in memory"});
 
   // x.
   add("XRank2", S, [](Call& k) { k.step.x = k.reshaped(k.step.x, {kBatch, H * P}); },
@@ -489,7 +604,8 @@ TEST_P(ValidationTest, ThrowsNamingTheArgumentAndWritesNothing) {
   if (c.build == Build::kWithCuda && !built_with_cuda()) GTEST_SKIP() << "this build has no CUDA support";
   if (c.build == Build::kWithoutCuda && built_with_cuda()) GTEST_SKIP() << "this build has CUDA support";
   for (bool replay : {false, true}) {
-    if (c.entry != Entry::kStep && !replay) continue;  // one entry point only
+    if (c.entry != Entry::kStep && c.entry != Entry::kBaseline && !replay) continue;  // one entry point only
+    if (c.entry == Entry::kBaseline && replay) continue;
     SCOPED_TRACE(entry_name(c.entry, replay));
     Call call;
     c.breaks(call);
@@ -516,6 +632,27 @@ TEST(ValidationControl, TheUnbrokenCallIsAccepted) {
   for (Entry entry : {Entry::kStep, Entry::kReplay, Entry::kAdvance, Entry::kReset}) {
     Call call;
     EXPECT_NO_THROW(invoke(call, entry, false)) << entry_name(entry, false);
+  }
+}
+
+// The valid low-precision calls: each error above comes from its one change.
+TEST(ValidationControl, LowPrecisionCheckpointsAreAccepted) {
+  for (Backend backend : {Backend::kReference, Backend::kCpu}) {
+    SCOPED_TRACE(backend_name(backend));
+    Call int8, stochastic, float8;
+    int8.int8_checkpoint();
+    stochastic.stochastic_rounding();
+    float8.int8_checkpoint();
+    float8.cache.state = float8.retyped(float8.cache.state, DType::kFloat8E4M3);
+    float8.stochastic_rounding();
+    float8.cache.state = float8.retyped(float8.cache.state, DType::kFloat8E4M3);
+    for (Call* call : {&int8, &stochastic, &float8}) {
+      call->options.backend = backend;
+      EXPECT_NO_THROW(invoke(*call, Entry::kReplay, true));
+    }
+    // The flush row (slot 3) counted its flush, and only it.
+    EXPECT_EQ(stochastic.cache.flush_counts.ptr<int32_t>()[3], 1);
+    EXPECT_EQ(stochastic.cache.flush_counts.ptr<int32_t>()[0], 0);
   }
 }
 

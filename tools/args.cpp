@@ -91,10 +91,36 @@ DType parse_dtype(const std::string& flag, const std::string& text) {
   throw UsageError(flag + " expects fp32, fp16 or bf16, got '" + text + "'");
 }
 
+DType parse_state_dtype(const std::string& flag, const std::string& text) {
+  if (text == "int8") return DType::kInt8;
+  if (text == "fp8") return DType::kFloat8E4M3;
+  if (text == "fp32" || text == "fp16" || text == "bf16") return parse_dtype(flag, text);
+  throw UsageError(flag + " expects fp32, fp16, bf16, int8 or fp8 (e4m3), got '" + text + "'");
+}
+
+std::vector<DType> parse_state_dtype_list(const std::string& flag, const std::string& text) {
+  std::vector<DType> values;
+  for (const std::string& item : split_commas(text)) values.push_back(parse_state_dtype(flag, item));
+  if (values.empty())
+    throw UsageError(flag + " expects a comma-separated list of fp32, fp16, bf16, int8, fp8");
+  return values;
+}
+
 std::vector<DType> parse_dtype_list(const std::string& flag, const std::string& text) {
   std::vector<DType> values;
   for (const std::string& item : split_commas(text)) values.push_back(parse_dtype(flag, item));
   if (values.empty()) throw UsageError(flag + " expects a comma-separated list of fp32, fp16, bf16");
+  return values;
+}
+
+std::vector<bool> parse_rounding_list(const std::string& flag, const std::string& text) {
+  std::vector<bool> values;
+  for (const std::string& item : split_commas(text)) {
+    if (item != "nearest" && item != "stochastic")
+      throw UsageError(flag + " expects nearest and/or stochastic, got '" + item + "'");
+    values.push_back(item == "stochastic");
+  }
+  if (values.empty()) throw UsageError(flag + " expects a comma-separated list of nearest, stochastic");
   return values;
 }
 
@@ -105,6 +131,8 @@ const char* dtype_short_name(DType dtype) {
     case DType::kBFloat16: return "bf16";
     case DType::kFloat64: return "fp64";
     case DType::kInt32: return "int32";
+    case DType::kInt8: return "int8";
+    case DType::kFloat8E4M3: return "fp8";
   }
   return "unknown";
 }

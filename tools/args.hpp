@@ -56,6 +56,11 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 // fp32 | fp16 | bf16
 DType parse_dtype(const std::string& flag, const std::string& text);
 std::vector<DType> parse_dtype_list(const std::string& flag, const std::string& text);
+// A state (checkpoint) dtype: fp32, fp16, bf16, int8 or fp8 (e4m3).
+DType parse_state_dtype(const std::string& flag, const std::string& text);
+std::vector<DType> parse_state_dtype_list(const std::string& flag, const std::string& text);
+// Flush roundings, "nearest" and/or "stochastic": true for stochastic.
+std::vector<bool> parse_rounding_list(const std::string& flag, const std::string& text);
 const char* dtype_short_name(DType dtype);
 
 // cpu | cuda | auto; auto is cuda when this build has CUDA and a device is present, else cpu.

@@ -94,15 +94,28 @@ struct BenchLayer {
         out(make_out(memory, shape, config.act_dtype)) {
     fill_benchmark_inputs(inputs, shape, config.act_dtype, random);
     cache.state.fill_uniform(random, -1.0, 1.0);
+    if (is_scaled_checkpoint(config.state_dtype)) {
+      cache.state_scale.fill_uniform(random, 0.005, 0.01);
+      const Geometry& g = shape.geometry;
+      baseline_state = Tensor(memory, baseline_state_dtype(config), {shape.slots, g.heads, g.head_dim, g.state_dim});
+      baseline_state.fill_uniform(random, -1.0, 1.0);
+    }
   }
+  // The state the baseline updates.
+  const Tensor& baseline() const { return baseline_state.view().defined() ? baseline_state : cache.state; }
   StepInputs inputs;
   SlotCache cache;
+  Tensor baseline_state;  // (slots, H, P, N) bf16: an 8-bit checkpoint's baseline only
   Tensor out;
 };
 
 }  // namespace
 
 int64_t cold_bytes() { return std::max(kMinColdBytes, 4 * last_level_cache_bytes()); }
+
+DType baseline_state_dtype(const BenchConfig& config) {
+  return is_scaled_checkpoint(config.state_dtype) ? DType::kBFloat16 : config.state_dtype;
+}
 
 LayerShape layer_shape(const BenchConfig& config) {
   LayerShape shape;
@@ -143,7 +156,7 @@ ConfigTiming time_cpu_configuration(const BenchConfig& config) {
   options.backend = Backend::kCpu;
   auto baseline_step = [&] {
     for (const BenchLayer& layer : layers)
-      selective_state_update(layer.cache.state.view(), make_step(layer.inputs, layer.out), options);
+      selective_state_update(layer.baseline().view(), make_step(layer.inputs, layer.out), options);
   };
   auto replay_step = [&] {
     for (const BenchLayer& layer : layers) {
@@ -180,7 +193,9 @@ std::vector<Option> bench_options() {
   options.insert(options.end(), {
       {"--batch", "N[,N...]", "batch sizes", "1,8,64"},
       {"--L", "N[,N...]", "ReplaySSM buffer lengths, 1..64", "16"},
-      {"--state-dtype", "T[,T...]", "state dtypes: fp32, fp16, bf16", "fp32"},
+      {"--state-dtype", "T[,T...]",
+       "state dtypes: fp32, fp16, bf16, int8, fp8 (e4m3; the 8-bit ones are ReplaySSM checkpoints, "
+       "their baseline runs with a bf16 state)", "fp32"},
       {"--act-dtype", "T[,T...]", "activation dtypes: fp32, fp16, bf16", "bf16"},
       {"--route", "R", "ReplaySSM route: auto, output-only, state-and-output", "auto"},
       {"--windows", "N", "timed windows per configuration (the median is reported)", "5"},
@@ -268,6 +283,7 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
     json.key("batch").integer(r.config.batch)
         .key("L").integer(r.config.buffer_len)
         .key("state_dtype").string(dtype_short_name(r.config.state_dtype))
+        .key("baseline_state_dtype").string(dtype_short_name(baseline_state_dtype(r.config)))
         .key("act_dtype").string(dtype_short_name(r.config.act_dtype))
         .key("route").string(route_name(r.config.route))
         .key("layers").integer(r.timing.layers)
@@ -320,7 +336,13 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
   const Geometry geometry = geometry_from_args(args);
   const std::vector<int64_t> batches = parse_int_list("--batch", args.get("--batch"), 1, 65536);
   const std::vector<int64_t> buffer_lens = parse_int_list("--L", args.get("--L"), 1, 64);
-  const std::vector<DType> state_dtypes = parse_dtype_list("--state-dtype", args.get("--state-dtype"));
+  const std::vector<DType> state_dtypes =
+      parse_state_dtype_list("--state-dtype", args.get("--state-dtype"));
+  for (const DType state : state_dtypes)
+    if (is_scaled_checkpoint(state) && device == DeviceType::kCuda &&
+        !supports_low_precision_checkpoints(Backend::kCuda))
+      throw UsageError(std::string("--state-dtype ") + dtype_short_name(state) +
+                       ": the CUDA backend does not implement 8-bit checkpoints yet");
   const std::vector<DType> act_dtypes = parse_dtype_list("--act-dtype", args.get("--act-dtype"));
   const ReplayRoute route = parse_route("--route", args.get("--route"));
   const int windows = int(parse_int("--windows", args.get("--windows"), 1, 1000));
@@ -355,7 +377,7 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
           Measurement m;
           m.config = BenchConfig{geometry, batch, L, state, act, route, windows};
           m.timing = time_configuration(m.config, device);
-          m.baseline_bytes = baseline_bytes_per_step(geometry, batch, state, act);
+          m.baseline_bytes = baseline_bytes_per_step(geometry, batch, baseline_state_dtype(m.config), act);
           m.replay_bytes = replay_bytes_per_step(geometry, batch, L, state, act);
           const double base_rate = m.baseline_bytes / m.timing.baseline_step_s;
           const double replay_rate = m.replay_bytes / m.timing.replay_step_s;

@@ -45,6 +45,10 @@ struct ConfigTiming {
 // Bytes a host working set must span so that no step finds its state in a CPU cache.
 int64_t cold_bytes();
 
+// The state dtype the baseline runs with: the configuration's, or bf16 for an 8-bit checkpoint
+// (selective_state_update stores no 8-bit state; bf16 is its smallest).
+DType baseline_state_dtype(const BenchConfig& config);
+
 // The layer shape of a configuration (one slot per row) and the bytes of its states.
 LayerShape layer_shape(const BenchConfig& config);
 int64_t state_bytes(const BenchConfig& config);

@@ -6,22 +6,32 @@ namespace replayssm::tool {
 //   baseline  2 P N s + 2 P a + 2 N a / r
 //   replay    P N s (1 + 1/L) + [(L-1)/2 + (L-1)/L] (P a + 4 + N a / r) + 2 P a + 2 N a / r
 // The replay history term: on average (L-1)/2 cached tokens are read and (L-1)/L are appended,
-// each of P activations, one fp32 dt, and its share N a / r of the group's B.
+// each of P activations, one fp32 dt, and its share N a / r of the group's B. An 8-bit state also
+// moves its fp32 scale per row of P with it: P N s becomes P N s + 4 P.
+
+namespace {
+
+double state_bytes_per_head(const Geometry& g, DType state) {
+  const double P = double(g.head_dim), N = double(g.state_dim);
+  return P * N * double(dtype_size(state)) + (is_scaled_checkpoint(state) ? 4 * P : 0);
+}
+
+}  // namespace
 
 double baseline_bytes_per_step(const Geometry& g, int64_t batch, DType state, DType act) {
   const double P = double(g.head_dim), N = double(g.state_dim), r = double(g.heads_per_group());
-  const double s = double(dtype_size(state)), a = double(dtype_size(act));
-  const double per_head = 2 * P * N * s + 2 * P * a + 2 * N * a / r;
+  const double a = double(dtype_size(act));
+  const double per_head = 2 * state_bytes_per_head(g, state) + 2 * P * a + 2 * N * a / r;
   return per_head * double(batch) * double(g.heads);
 }
 
 double replay_bytes_per_step(const Geometry& g, int64_t batch, int64_t buffer_len, DType state,
                              DType act) {
   const double P = double(g.head_dim), N = double(g.state_dim), r = double(g.heads_per_group());
-  const double s = double(dtype_size(state)), a = double(dtype_size(act));
+  const double a = double(dtype_size(act));
   const double L = double(buffer_len);
   const double history_tokens = (L - 1) / 2 + (L - 1) / L;
-  const double per_head = P * N * s * (1 + 1 / L) + history_tokens * (P * a + 4 + N * a / r) +
+  const double per_head = state_bytes_per_head(g, state) * (1 + 1 / L) + history_tokens * (P * a + 4 + N * a / r) +
                           2 * P * a + 2 * N * a / r;
   return per_head * double(batch) * double(g.heads);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Plots the JSON of `replayssm precision`: relative error against the fp64 oracle per step, one
-panel for the outputs, one for the states and one for the state of the worst head; colour per
-state dtype, line style per baseline / L.
+"""Plots the JSON of `replayssm precision`: relative error against the fp64 oracle per step. One
+column per state dtype; rows: the outputs, the state, and the state of the worst head. In each
+panel: that dtype's baseline (black), ReplaySSM per L (colour; solid: round to nearest at flush,
+dashed: stochastic rounding), and the bf16 baseline (grey) as the common reference.
 
 usage: python3 tools/plot_precision.py docs/precision.json [-o docs/precision.png]
 Needs matplotlib: pip install matplotlib
@@ -10,14 +11,12 @@ import argparse
 import json
 import sys
 
-DTYPE_COLOURS = {"fp32": "tab:blue", "fp16": "tab:green", "bf16": "tab:red"}
-REPLAY_LINE_STYLES = ["--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+L_COLOURS = ["tab:blue", "tab:green", "tab:orange", "tab:red", "tab:purple", "tab:brown"]
+REFERENCE_BASELINE = "baseline bf16"
 
 
-def line_style(mode, replay_lengths):
-    if mode["kind"] == "baseline":
-        return "-"
-    return REPLAY_LINE_STYLES[replay_lengths.index(mode["L"]) % len(REPLAY_LINE_STYLES)]
+def points(curve):
+    return [(s, v) for s, v in zip(curve["steps"], curve["values"]) if v is not None and v > 0]
 
 
 def main():
@@ -36,34 +35,48 @@ def main():
     with open(args.json_file) as f:
         study = json.load(f)
     modes = study["modes"]
+    dtypes = list(dict.fromkeys(m["state_dtype"] for m in modes))
     replay_lengths = sorted({m["L"] for m in modes if m["kind"] == "replay"})
+    reference = next((m for m in modes if m["name"] == REFERENCE_BASELINE), None)
+    rows = (("out", "output error"), ("state", "state error"), ("state_worst_head", "state error, worst head"))
 
-    fig, (out_axis, state_axis, head_axis) = plt.subplots(1, 3, figsize=(19, 6), sharex=True)
-    for mode in modes:
-        style = dict(color=DTYPE_COLOURS.get(mode["state_dtype"], "black"),
-                     linestyle=line_style(mode, replay_lengths), linewidth=1.2)
-        curves = ((out_axis, mode["out"]), (state_axis, mode["state"]),
-                  (head_axis, mode["state_worst_head"]))
-        for axis, curve in curves:
-            points = [(s, v) for s, v in zip(curve["steps"], curve["values"]) if v is not None and v > 0]
-            if points:
-                axis.plot(*zip(*points), label=mode["name"], **style)
+    fig, axes = plt.subplots(len(rows), len(dtypes), figsize=(4.2 * len(dtypes), 3.6 * len(rows)),
+                             sharex=True, sharey="row", squeeze=False)
+    for column, dtype in enumerate(dtypes):
+        for row, (key, title) in enumerate(rows):
+            axis = axes[row][column]
+            if reference is not None and dtype != "bf16":
+                p = points(reference[key])
+                if p:
+                    axis.plot(*zip(*p), color="0.6", linestyle=":", linewidth=1.5, label=REFERENCE_BASELINE)
+            for mode in modes:
+                if mode["state_dtype"] != dtype:
+                    continue
+                if mode["kind"] == "baseline":
+                    style = dict(color="black", linestyle="-", linewidth=1.4)
+                else:
+                    colour = L_COLOURS[replay_lengths.index(mode["L"]) % len(L_COLOURS)]
+                    style = dict(color=colour, linestyle="--" if mode.get("stochastic_rounding") else "-",
+                                 linewidth=1.0)
+                p = points(mode[key])
+                if p:
+                    axis.plot(*zip(*p), label=mode["name"], **style)
+            axis.set_yscale("log")
+            axis.grid(True, which="both", alpha=0.3)
+            axis.set_title(f"{dtype}: {title}", fontsize=10)
+            if row == len(rows) - 1:
+                axis.set_xlabel("decode step")
+            if column == 0:
+                axis.set_ylabel("relative error vs fp64 oracle")
+        axes[0][column].legend(fontsize=6, ncol=2, loc="lower right")
 
     g = study["geometry"]
     shape = f"{g['name']} (H={g['heads']}, P={g['head_dim']}, N={g['state_dim']}, G={g['groups']})"
-    out_axis.set_title(f"output: max|y - y_oracle| / max|y_oracle| (y in {study['act_dtype']})")
-    state_axis.set_title("state: max|S - S_oracle| / max|S_oracle| (replay: after each flush)")
-    head_axis.set_title("state, worst (row, head): the same within one head")
-    for axis in (out_axis, state_axis, head_axis):
-        axis.set_yscale("log")
-        axis.set_xlabel("decode step")
-        axis.grid(True, which="both", alpha=0.3)
-    out_axis.set_ylabel("relative error vs fp64 oracle")
-    head_axis.legend(fontsize=8, ncol=2, loc="best")
     fig.suptitle(f"replayssm precision: {shape}, {study['rows']} row(s), {study['steps']} steps, "
-                 f"seed {study['seed']}")
+                 f"act {study['act_dtype']}, seed {study['seed']}\nout = max|y - y*| / max|y*|, "
+                 f"state = max|S - S*| / max|S*| (replay: after each flush)")
     fig.tight_layout()
-    fig.savefig(args.output, dpi=110)
+    fig.savefig(args.output, dpi=100)
     print(f"wrote {args.output}")
 
 

@@ -1,8 +1,10 @@
 // replayssm precision: how the error of a low-precision state evolves over a long rollout. The
-// baseline (selective_state_update, state rounded every step) and ReplaySSM (replay_decode +
-// replay_advance, checkpoint rounded at each flush) run in lockstep on the CPU backend with the
+// baseline (state rounded every step) and ReplaySSM (replay_decode + replay_advance, checkpoint
+// rounded at each flush, to nearest or stochastically) run in lockstep on the CPU backend with the
 // fp64 oracle (selective_state_update on the reference backend with a float64 state), fed the same
-// inputs, from the same zero state. Every row starts at cursor 0, so all rows flush together.
+// inputs, from the same zero state. Every row starts at cursor 0, so all rows flush together. The
+// baseline is selective_state_update; for the 8-bit formats, which it does not store, it is
+// replay_decode with L = 1, which stores the state in the format at every step.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -36,7 +38,10 @@ std::vector<Option> precision_options() {
       {"--steps", "N", "decode steps", "8192"},
       {"--rows", "N", "batch rows, each with its own state", "1"},
       {"--L", "N,...", "ReplaySSM buffer lengths, 1..64", "4,8,16,32"},
-      {"--state-dtype", "LIST", "state (checkpoint) dtypes, of fp32, fp16, bf16", "fp32,fp16,bf16"},
+      {"--state-dtype", "LIST", "state (checkpoint) dtypes, of fp32, fp16, bf16, int8, fp8 (e4m3)",
+       "fp32,fp16,bf16,int8,fp8"},
+      {"--rounding", "LIST", "ReplaySSM flush rounding, of nearest, stochastic (not for fp32)",
+       "nearest,stochastic"},
       {"--act-dtype", "fp32|fp16|bf16", "activation dtype of x, dt, B, C and out", "bf16"},
       {"--seed", "S", "seed of every random value", "1"},
       {"--every", "K", "record every K-th step in the JSON", "steps / 256"},
@@ -47,8 +52,9 @@ std::vector<Option> precision_options() {
 
 constexpr const char* kSummary =
     "Runs the baseline (state rounded to its dtype every step) and ReplaySSM (checkpoint rounded\n"
-    "at each flush, every L steps) in lockstep with the fp64 oracle on the CPU backend, with fresh\n"
-    "random inputs every step, and reports the error of each over time:\n"
+    "at each flush, every L steps, to nearest or stochastically) in lockstep with the fp64 oracle\n"
+    "on the CPU backend, with fresh random inputs every step, and reports the error of each over\n"
+    "time. The 8-bit baselines are replay_decode with L = 1 (the state stored every step).\n"
     "  out:   max |y - y_oracle| / max |y_oracle| over all rows at one step (y includes its\n"
     "         rounding to the activation dtype, so it has a floor of about half an ulp of it);\n"
     "  state: max |S - S_oracle| / max |S_oracle|, every step for the baseline and right after\n"
@@ -61,11 +67,12 @@ enum class ModeKind { kBaseline, kReplay };
 
 // One state precision scheme under study, with its own state, caches and out.
 struct Mode {
-  Mode(ModeKind kind, DType state_dtype, int64_t buffer_len, Memory& memory,
+  Mode(ModeKind kind, DType state_dtype, int64_t buffer_len, bool stochastic, Memory& memory,
        const LayerShape& layer, DType act_dtype)
       : kind(kind),
         state_dtype(state_dtype),
         buffer_len(buffer_len),
+        stochastic(stochastic),
         cache(memory, with_buffer_len(layer, buffer_len), state_dtype, act_dtype),
         out(make_out(memory, layer, act_dtype)) {}
 
@@ -76,13 +83,15 @@ struct Mode {
 
   std::string name() const {
     const std::string dtype = dtype_short_name(state_dtype);
-    return kind == ModeKind::kBaseline ? "baseline " + dtype
-                                       : "replay " + dtype + " L=" + std::to_string(buffer_len);
+    return kind == ModeKind::kBaseline
+               ? "baseline " + dtype
+               : "replay " + dtype + " L=" + std::to_string(buffer_len) + (stochastic ? " SR" : "");
   }
 
   ModeKind kind;
   DType state_dtype;
   int64_t buffer_len;  // 1 for the baseline
+  bool stochastic;     // stochastic rounding at flush
   SlotCache cache;
   Tensor out;
 
@@ -178,11 +187,24 @@ StateError compare_state(Decode decode, const double* expected, int64_t count, i
 
 // A host state against the oracle's, read in place: the states are large and compared at every
 // step. fp16 is decoded through a table of all 65536 values, as fp16_to_float branches per element.
-StateError state_error(const Tensor& state, const Tensor& oracle_state, int64_t head_elems) {
+StateError state_error(const SlotCache& cache, const Tensor& oracle_state, int64_t head_elems,
+                       int64_t state_dim) {
+  const Tensor& state = cache.state;
   const void* data = state.view().data;                                          // (slots, H, P, N)
   const auto* expected = static_cast<const double*>(oracle_state.view().data);  // (slots, H, P, N)
+  const auto* scale = static_cast<const float*>(cache.state_scale.view().data);  // (slots, H, P)
   const int64_t count = state.numel();
   switch (state.view().dtype) {
+    case DType::kInt8: {
+      const auto* got = static_cast<const int8_t*>(data);
+      return compare_state([=](int64_t i) { return double(scale[i / state_dim]) * got[i]; }, expected,
+                           count, head_elems);
+    }
+    case DType::kFloat8E4M3: {
+      const auto* got = static_cast<const Float8E4M3*>(data);
+      return compare_state([=](int64_t i) { return double(scale[i / state_dim]) * to_float(got[i]); },
+                           expected, count, head_elems);
+    }
     case DType::kFloat32: {
       const auto* got = static_cast<const float*>(data);
       return compare_state([got](int64_t i) { return double(got[i]); }, expected, count, head_elems);
@@ -318,6 +340,7 @@ void write_json(std::ostream& file, const StudyConfig& c, const std::vector<Mode
         .key("kind").string(m.kind == ModeKind::kBaseline ? "baseline" : "replay")
         .key("state_dtype").string(dtype_short_name(m.state_dtype))
         .key("L").integer(m.buffer_len)
+        .key("stochastic_rounding").boolean(m.stochastic)
         .key("bytes_per_step").number(m.bytes_per_step);
     json.key("out");
     write_curve(json, m.out_error, all_steps, c.every, late);
@@ -334,8 +357,9 @@ void run_mode_step(Mode& mode, const StepInputs& inputs) {
   const Mamba2Step step = study_step(inputs, mode.out);
   ExecOptions options;
   options.backend = Backend::kCpu;
-  if (mode.kind == ModeKind::kReplay) {
-    replay_decode(make_cache(mode.cache), step, ReplayRoute::kAuto, options);
+  // The 8-bit baseline: replay with L = 1 stores the state in the format at every step.
+  if (mode.kind == ModeKind::kReplay || is_scaled_checkpoint(mode.state_dtype)) {
+    replay_decode(make_cache(mode.cache, mode.stochastic), step, ReplayRoute::kAuto, options);
     replay_advance(mode.cache.cursors.view(), mode.buffer_len, step.state_batch_indices, kPadSlot,
                    options);
   } else {
@@ -362,7 +386,9 @@ int run_precision(const std::vector<std::string>& argv, const std::string& comma
                      ? parse_int("--every", args.get("--every"), 1, 10000000)
                      : std::max<int64_t>(1, config.steps / kPointsPerCurve);
   const std::vector<int64_t> buffer_lens = parse_int_list("--L", args.get("--L"), 1, 64);
-  const std::vector<DType> state_dtypes = parse_dtype_list("--state-dtype", args.get("--state-dtype"));
+  const std::vector<DType> state_dtypes =
+      parse_state_dtype_list("--state-dtype", args.get("--state-dtype"));
+  const std::vector<bool> roundings = parse_rounding_list("--rounding", args.get("--rounding"));
   config.act_dtype = parse_dtype("--act-dtype", args.get("--act-dtype"));
   config.seed = uint64_t(parse_int("--seed", args.get("--seed"), 0, INT64_MAX));
   const std::string json_path = args.get("--json");
@@ -394,15 +420,20 @@ int run_precision(const std::vector<std::string>& argv, const std::string& comma
   Tensor oracle_out = make_out(*host, layer, DType::kFloat32);
 
   std::vector<Mode> modes;
-  modes.reserve(state_dtypes.size() * (1 + buffer_lens.size()));
+  modes.reserve(state_dtypes.size() * (1 + buffer_lens.size() * roundings.size()));
   for (const DType dtype : state_dtypes) {
-    modes.emplace_back(ModeKind::kBaseline, dtype, 1, *host, layer, act);
+    modes.emplace_back(ModeKind::kBaseline, dtype, 1, false, *host, layer, act);
     modes.back().bytes_per_step = baseline_bytes_per_step(g, kByteModelBatch, dtype, act);
   }
   for (const DType dtype : state_dtypes)
-    for (const int64_t L : buffer_lens) {
-      modes.emplace_back(ModeKind::kReplay, dtype, L, *host, layer, act);
-      modes.back().bytes_per_step = replay_bytes_per_step(g, kByteModelBatch, L, dtype, act);
+    for (const bool stochastic : roundings) {
+      if (stochastic && dtype == DType::kFloat32) continue;  // nothing to round
+      for (const int64_t L : buffer_lens) {
+        modes.emplace_back(ModeKind::kReplay, dtype, L, stochastic, *host, layer, act);
+        modes.back().bytes_per_step = replay_bytes_per_step(g, kByteModelBatch, L, dtype, act);
+        // One key per mode: the seed, and the mode's index.
+        modes.back().cache.rounding_seed.write({double(config.seed % 0x7fffffff), double(modes.size())});
+      }
     }
 
   std::printf("replayssm precision: %s, rows %" PRId64 ", %" PRId64 " steps, act %s, seed %" PRIu64
@@ -430,7 +461,7 @@ int run_precision(const std::vector<std::string>& argv, const std::string& comma
       m.out_error.push_back(relative_error(m.out.read(), expected_out));
       if ((k + 1) % m.buffer_len != 0) continue;
       m.state_steps.push_back(k);
-      const StateError e = state_error(m.cache.state, oracle_state, g.head_dim * g.state_dim);
+      const StateError e = state_error(m.cache, oracle_state, g.head_dim * g.state_dim, g.state_dim);
       m.state_error.push_back(e.global);
       m.head_state_error.push_back(e.worst_head);
     }
@@ -443,14 +474,14 @@ int run_precision(const std::vector<std::string>& argv, const std::string& comma
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const int64_t late = late_start(config.steps);
-  std::printf("\n%-18s | %8s %8s %8s | %8s %8s %8s | %8s %8s %8s | %7s\n", "mode", "out end",
+  std::printf("\n%-21s | %8s %8s %8s | %8s %8s %8s | %8s %8s %8s | %7s\n", "mode", "out end",
               "out max", "out late", "st end", "st max", "st late", "head end", "head max",
               "headlate", "MB/step");
   for (const Mode& m : modes) {
     const Summary out = summarize(m.out_error, all_steps, late);
     const Summary state = summarize(m.state_error, m.state_steps, late);
     const Summary head = summarize(m.head_state_error, m.state_steps, late);
-    std::printf("%-18s | %8.2e %8.2e %8.2e | %8.2e %8.2e %8.2e | %8.2e %8.2e %8.2e | %7.1f\n",
+    std::printf("%-21s | %8.2e %8.2e %8.2e | %8.2e %8.2e %8.2e | %8.2e %8.2e %8.2e | %7.1f\n",
                 m.name().c_str(), out.final_value, out.max_value, out.late_mean, state.final_value,
                 state.max_value, state.late_mean, head.final_value, head.max_value, head.late_mean,
                 m.bytes_per_step / 1e6);

@@ -41,6 +41,8 @@ void encode(const double* src, DType dtype, void* dst, int64_t count) {
       case DType::kBFloat16: static_cast<uint16_t*>(dst)[i] = float_to_bf16(f); break;
       case DType::kFloat64: static_cast<double*>(dst)[i] = src[i]; break;
       case DType::kInt32: static_cast<int32_t*>(dst)[i] = int32_t(src[i]); break;
+      case DType::kInt8: static_cast<int8_t*>(dst)[i] = float_to_int8(f); break;
+      case DType::kFloat8E4M3: static_cast<uint8_t*>(dst)[i] = float_to_e4m3(f); break;
     }
   }
 }
@@ -53,6 +55,8 @@ void decode(const void* src, DType dtype, double* dst, int64_t count) {
       case DType::kBFloat16: dst[i] = bf16_to_float(static_cast<const uint16_t*>(src)[i]); break;
       case DType::kFloat64: dst[i] = static_cast<const double*>(src)[i]; break;
       case DType::kInt32: dst[i] = static_cast<const int32_t*>(src)[i]; break;
+      case DType::kInt8: dst[i] = static_cast<const int8_t*>(src)[i]; break;
+      case DType::kFloat8E4M3: dst[i] = e4m3_to_float(static_cast<const uint8_t*>(src)[i]); break;
     }
   }
 }
@@ -159,6 +163,9 @@ SlotCache::SlotCache(Memory& memory, const LayerShape& shape, DType state_dtype,
   B_cache = Tensor(memory, act, {slots, g.groups, L, g.state_dim});
   dt_cache = Tensor(memory, DType::kFloat32, {slots, g.heads, L});
   cursors = Tensor(memory, DType::kInt32, {slots});
+  if (is_scaled_checkpoint(state_dtype)) state_scale = Tensor(memory, DType::kFloat32, {slots, g.heads, g.head_dim});
+  rounding_seed = Tensor(memory, DType::kInt32, {2});
+  flush_counts = Tensor(memory, DType::kInt32, {slots});
 }
 
 Mamba2Step make_step(const StepInputs& inputs, const Tensor& out) {
@@ -178,9 +185,20 @@ Mamba2Step make_step(const StepInputs& inputs, const Tensor& out) {
   return step;
 }
 
-ReplayCache make_cache(const SlotCache& cache) {
-  return ReplayCache{cache.state.view(), cache.x_cache.view(), cache.B_cache.view(),
-                     cache.dt_cache.view(), cache.cursors.view()};
+ReplayCache make_cache(const SlotCache& cache, bool stochastic_rounding) {
+  ReplayCache c;
+  c.state = cache.state.view();
+  c.x_cache = cache.x_cache.view();
+  c.B_cache = cache.B_cache.view();
+  c.dt_cache = cache.dt_cache.view();
+  c.cursors = cache.cursors.view();
+  c.state_scale = cache.state_scale.view();
+  c.stochastic_rounding = stochastic_rounding;
+  if (stochastic_rounding) {
+    c.rounding_seed = cache.rounding_seed.view();
+    c.flush_counts = cache.flush_counts.view();
+  }
+  return c;
 }
 
 Tensor make_out(Memory& memory, const LayerShape& shape, DType act) {

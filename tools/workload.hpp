@@ -99,11 +99,14 @@ struct SlotCache {
   Tensor B_cache;   // (slots, G, L, N) act
   Tensor dt_cache;  // (slots, H, L) fp32
   Tensor cursors;   // (slots) int32
+  Tensor state_scale;    // (slots, H, P) fp32: 8-bit states only (zeros: a zero state)
+  Tensor rounding_seed;  // (2) int32: the stochastic rounding key (zeros unless written)
+  Tensor flush_counts;   // (slots) int32
 };
 
 // `out` is (batch, H, P) in the activation dtype of `inputs`.
 Mamba2Step make_step(const StepInputs& inputs, const Tensor& out);
-ReplayCache make_cache(const SlotCache& cache);
+ReplayCache make_cache(const SlotCache& cache, bool stochastic_rounding = false);
 Tensor make_out(Memory& memory, const LayerShape& shape, DType act);
 
 // Host values of the parameters and of one step's activations, with the magnitudes of a trained

@@ -46,7 +46,8 @@ struct Mamba2Step {
 };
 
 // Baseline decode: reads and writes the whole state every step.
-//   state (slots, H, P, N), fp32 / fp16 / bf16 (fp64 on the reference backend): mutated
+//   state (slots, H, P, N), fp32 / fp16 / bf16 (fp64 on the reference backend): mutated. The
+//   8-bit formats are checkpoint formats of replay_decode only.
 //   out: written
 void selective_state_update(const TensorView& state, const Mamba2Step& step,
                             const ExecOptions& options = {});
@@ -61,13 +62,32 @@ void selective_state_update(const TensorView& state, const Mamba2Step& step,
 // decode step after every layer that shares them (all layers of a model can share one cursors
 // tensor). replay_reset starts a slot over for a new request; the caller puts the request's initial
 // state (zeros, or its prefill state) into `state` for that slot.
+//
+// Low-precision checkpoints (src/common/rounding.hpp has the exact rules):
+//   - int8 and float8_e4m3fn checkpoints hold value / scale, with an fp32 `state_scale` per
+//     (slot, head, row of P) chosen at each flush from the row's largest magnitude (absmax / 127
+//     or absmax / 448); the replay computes in fp32 from scale * stored.
+//   - stochastic_rounding: a flush rounds each checkpoint element (fp16, bf16, int8 or e4m3) up or
+//     down at random with the probabilities that make the rounding unbiased, instead of to
+//     nearest. The random bits are Philox-4x32-10 keyed on (rounding_seed, slot, element,
+//     flush_counts[slot]): deterministic for a seed, the same on every backend, and read from
+//     device memory (CUDA-graph safe). Each flush row increments its flush_counts[slot]; give each
+//     layer its own flush_counts and, for independent rounding across layers, its own seed.
 struct ReplayCache {
-  TensorView state;     // (slots, H, P, N) fp32 / fp16 / bf16: the checkpoint
+  TensorView state;     // (slots, H, P, N) fp32 / fp16 / bf16 / int8 / float8_e4m3fn: the checkpoint
   TensorView x_cache;   // (slots, H, L, P) act
   TensorView B_cache;   // (slots, G, L, N) act
   TensorView dt_cache;  // (slots, H, L) fp32: raw dt as given (before dt_bias and softplus)
   TensorView cursors;   // (slots) int32
+  TensorView state_scale;  // (slots, H, P) fp32: required iff state is int8 / float8_e4m3fn
+  bool stochastic_rounding = false;  // off: flushes round to nearest even
+  TensorView rounding_seed;  // (2) int32, the Philox key: required iff stochastic_rounding
+  TensorView flush_counts;   // (slots) int32, flushes per slot: required iff stochastic_rounding
 };
+
+// Whether `backend` implements 8-bit checkpoints and stochastic rounding (the reference and CPU
+// backends do; replay_decode rejects them on a backend that does not).
+bool supports_low_precision_checkpoints(Backend backend);
 
 // How a non-flush step computes its output. Flush steps always form the state.
 enum class ReplayRoute : int32_t {
@@ -79,8 +99,9 @@ enum class ReplayRoute : int32_t {
 const char* route_name(ReplayRoute route);
 
 // ReplaySSM decode step: same outputs as selective_state_update, state traffic of one read.
-//   state: mutated on flush rows only; x_cache, B_cache, dt_cache: written at the cursor of
-//   non-flush rows (B_cache by the first head of each group); cursors: read only; out: written.
+//   state, state_scale: mutated on flush rows only; flush_counts (with stochastic_rounding):
+//   incremented on flush rows; x_cache, B_cache, dt_cache: written at the cursor of non-flush
+//   rows (B_cache by the first head of each group); cursors, rounding_seed: read only; out: written.
 void replay_decode(const ReplayCache& cache, const Mamba2Step& step,
                    ReplayRoute route = ReplayRoute::kAuto, const ExecOptions& options = {});
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/rounding.hpp"
 #include "replayssm/mamba2.hpp"
 
 namespace replayssm {
@@ -58,6 +59,13 @@ struct ReplayParams : Mamba2Params {
   int64_t dtc_stride_slot = 0, dtc_stride_head = 0;
   const int32_t* cursors = nullptr;  // (slots)
   int64_t cursors_stride = 1;
+  float* state_scale = nullptr;  // (slots, H, P), 8-bit checkpoints only
+  int64_t scale_stride_slot = 0, scale_stride_head = 0;
+  bool stochastic_rounding = false;
+  const int32_t* rounding_seed = nullptr;  // (2), stochastic rounding only
+  int64_t rounding_seed_stride = 1;
+  int32_t* flush_counts = nullptr;  // (slots), stochastic rounding only
+  int64_t flush_counts_stride = 1;
 };
 
 struct CursorParams {
@@ -77,6 +85,20 @@ REPLAYSSM_HOST_DEVICE int64_t slot_of_row(const Mamba2Params& p, int64_t row) {
   if (p.state_batch_indices == nullptr) return row;
   const int64_t slot = p.state_batch_indices[row * p.state_batch_indices_stride];
   return slot == p.pad_slot_id ? -1 : slot;
+}
+
+// The random bits of `slot`'s flush in this call (stochastic rounding, host-readable tensors).
+inline FlushRandomBits flush_random_bits(const ReplayParams& p, int64_t slot) {
+  if (!p.stochastic_rounding) return FlushRandomBits(0, 0, 0, 0);
+  return FlushRandomBits(uint32_t(p.rounding_seed[0]), uint32_t(p.rounding_seed[p.rounding_seed_stride]),
+                         uint32_t(slot), uint32_t(p.flush_counts[slot * p.flush_counts_stride]));
+}
+
+// Counts the flush of `slot` once all of its heads are written (stochastic rounding only).
+inline void count_flush(const ReplayParams& p, int64_t slot) {
+  if (!p.stochastic_rounding) return;
+  int32_t& count = p.flush_counts[slot * p.flush_counts_stride];
+  count = int32_t(uint32_t(count) + 1u);  // wraps: the key only needs to differ between flushes
 }
 
 }  // namespace replayssm

@@ -60,7 +60,12 @@ std::vector<std::pair<const TensorView*, const char*>> step_inputs(const Mamba2S
 
 }  // namespace
 
-Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& s, Backend backend) {
+namespace {
+
+// The state and the step, shared by both entry points; `checkpoint`: the state is replay_decode's
+// checkpoint, which may also be 8-bit.
+Mamba2Params validate_step(const TensorView& state, const Mamba2Step& s, Backend backend,
+                           bool checkpoint) {
   require_defined(state, "state");
   for (auto [t, name] : {std::pair{&s.x, "x"}, {&s.dt, "dt"}, {&s.A, "A"}, {&s.B, "B"},
                          {&s.C, "C"}, {&s.out, "out"}})
@@ -84,6 +89,11 @@ Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& s,
     if (backend != Backend::kReference)
       fail("state has dtype float64, which only the reference backend accepts (backend is ",
            backend_name(backend), ")");
+  } else if (is_scaled_checkpoint(state.dtype)) {
+    if (!checkpoint)
+      fail("state has dtype ", dtype_name(state.dtype), ", an 8-bit checkpoint format of "
+           "replay_decode (with state_scale); selective_state_update needs float32, float16 or "
+           "bfloat16");
   } else {
     require_float16_32(state, "state");
   }
@@ -193,16 +203,75 @@ Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& s,
   return p;
 }
 
+// state_scale, present iff the checkpoint is 8-bit.
+void validate_state_scale(const ReplayCache& c, ReplayParams& p) {
+  const TensorView& scale = c.state_scale;
+  if (!is_scaled_checkpoint(p.state_dtype)) {
+    if (scale.defined())
+      fail("state_scale was given but state has dtype ", dtype_name(p.state_dtype),
+           "; only int8 and float8_e4m3fn checkpoints have a scale");
+    return;
+  }
+  if (!scale.defined())
+    fail("state_scale (slots, nheads, head_dim) float32 is required: state has dtype ",
+         dtype_name(p.state_dtype), ", stored as value / scale");
+  require_rank(scale, "state_scale", 3, "(slots, nheads, head_dim)");
+  require_size(scale, "state_scale", 0, p.slots, "slots (state.size(0))");
+  require_size(scale, "state_scale", 1, p.nheads, "nheads");
+  require_size(scale, "state_scale", 2, p.head_dim, "head_dim");
+  require_dtype(scale, "state_scale", DType::kFloat32, "one scale per row of the checkpoint");
+  require_last_contiguous(scale, "state_scale");
+  p.state_scale = scale.ptr<float>();
+  p.scale_stride_slot = scale.strides[0];
+  p.scale_stride_head = scale.strides[1];
+}
+
+// rounding_seed and flush_counts: checked whenever given, required with stochastic_rounding.
+void validate_stochastic_rounding(const ReplayCache& c, ReplayParams& p) {
+  if (c.rounding_seed.defined()) {
+    require_rank(c.rounding_seed, "rounding_seed", 1, "(2)");
+    require_size(c.rounding_seed, "rounding_seed", 0, 2, "the words of the Philox key");
+    require_dtype(c.rounding_seed, "rounding_seed", DType::kInt32, "the Philox key");
+  }
+  if (c.flush_counts.defined()) {
+    require_rank(c.flush_counts, "flush_counts", 1, "(slots)");
+    require_size(c.flush_counts, "flush_counts", 0, p.slots, "slots (state.size(0))");
+    require_dtype(c.flush_counts, "flush_counts", DType::kInt32, "flushes per slot");
+  }
+  if (!c.stochastic_rounding) return;
+  if (p.state_dtype == DType::kFloat32 || p.state_dtype == DType::kFloat64)
+    fail("stochastic_rounding needs a float16, bfloat16, int8 or float8_e4m3fn checkpoint, but "
+         "state has dtype ", dtype_name(p.state_dtype));
+  if (!c.rounding_seed.defined())
+    fail("rounding_seed (2) int32 is required when stochastic_rounding is on");
+  if (!c.flush_counts.defined())
+    fail("flush_counts (slots) int32 is required when stochastic_rounding is on");
+  p.stochastic_rounding = true;
+  p.rounding_seed = c.rounding_seed.ptr<const int32_t>();
+  p.rounding_seed_stride = c.rounding_seed.strides[0];
+  p.flush_counts = c.flush_counts.ptr<int32_t>();
+  p.flush_counts_stride = c.flush_counts.strides[0];
+}
+
+}  // namespace
+
+Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& s, Backend backend) {
+  return validate_step(state, s, backend, false);
+}
+
 ReplayParams validate_replay_decode(const ReplayCache& c, const Mamba2Step& s, ReplayRoute route,
                                     Backend backend) {
   ReplayParams p;
-  static_cast<Mamba2Params&>(p) = validate_state_update(c.state, s, backend);
+  static_cast<Mamba2Params&>(p) = validate_step(c.state, s, backend, true);
   const DeviceCheck same_device_as_state(c.state, "state", backend);
   for (auto [t, name] : {std::pair{&c.x_cache, "x_cache"}, {&c.B_cache, "B_cache"},
                          {&c.dt_cache, "dt_cache"}, {&c.cursors, "cursors"}}) {
     require_defined(*t, name);
     same_device_as_state(*t, name);
   }
+  for (auto [t, name] : {std::pair{&c.state_scale, "state_scale"}, {&c.rounding_seed, "rounding_seed"},
+                         {&c.flush_counts, "flush_counts"}})
+    same_device_as_state(*t, name);
 
   require_rank(c.x_cache, "x_cache", 4, "(slots, nheads, L, head_dim)");
   p.buffer_len = c.x_cache.shape[2];
@@ -234,11 +303,18 @@ ReplayParams validate_replay_decode(const ReplayCache& c, const Mamba2Step& s, R
   require_size(c.cursors, "cursors", 0, p.slots, "slots (state.size(0))");
   require_dtype(c.cursors, "cursors", DType::kInt32, "buffer fill per slot");
 
+  validate_state_scale(c, p);
+  validate_stochastic_rounding(c, p);
+
+  const TensorView no_tensor;
   require_no_aliasing({{&c.state, "state"}, {&s.out, "out"}, {&c.x_cache, "x_cache"},
-                       {&c.B_cache, "B_cache"}, {&c.dt_cache, "dt_cache"}},
+                       {&c.B_cache, "B_cache"}, {&c.dt_cache, "dt_cache"},
+                       {&c.state_scale, "state_scale"},
+                       {c.stochastic_rounding ? &c.flush_counts : &no_tensor, "flush_counts"}},
                       [&] {
                         auto r = step_inputs(s);
                         r.push_back({&c.cursors, "cursors"});
+                        if (c.stochastic_rounding) r.push_back({&c.rounding_seed, "rounding_seed"});
                         return r;
                       }());
   if (host_readable(c.cursors)) check_cursor_values(c.cursors, p.buffer_len, p);

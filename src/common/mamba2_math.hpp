@@ -25,9 +25,12 @@ template <typename T> REPLAYSSM_HOST_DEVICE T effective_dt(T raw_dt, T bias, boo
   return dt_softplus ? softplus(v) : v;
 }
 
-// Reads element i of a float tensor of runtime dtype `t` (fp32, fp16, bf16 or fp64) as T.
+// Reads element i of a tensor of runtime dtype `t` (fp32, fp16, bf16, fp64, or the stored value
+// of an 8-bit checkpoint, before its scale) as T.
 template <typename T> REPLAYSSM_HOST_DEVICE T load_as(const void* data, DType t, int64_t i) {
   switch (t) {
+    case DType::kInt8: return T(static_cast<const int8_t*>(data)[i]);
+    case DType::kFloat8E4M3: return T(e4m3_to_float(static_cast<const uint8_t*>(data)[i]));
     case DType::kFloat16: return T(fp16_to_float(static_cast<const uint16_t*>(data)[i]));
     case DType::kBFloat16: return T(bf16_to_float(static_cast<const uint16_t*>(data)[i]));
     case DType::kFloat64: return T(static_cast<const double*>(data)[i]);

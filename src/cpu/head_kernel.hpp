@@ -54,7 +54,8 @@ inline Vec widen_vec(const BFloat16* src) {
   return v;
 }
 
-inline Vec widen_vec(const Half* src) {
+// fp16 and the 8-bit formats, lane by lane.
+template <typename S> Vec widen_vec(const S* src) {
   float lanes[kLanes];
   for (int l = 0; l < kLanes; ++l) lanes[l] = to_float(src[l]);
   return load_vec(lanes);
@@ -72,8 +73,8 @@ inline void narrow_vec(Vec v, BFloat16* dst) {
   std::memcpy(dst, &out, sizeof(out));
 }
 
-inline void narrow_vec(Vec v, Half* dst) {
-  for (int l = 0; l < kLanes; ++l) dst[l] = from_float<Half>(v[l]);
+template <typename S> void narrow_vec(Vec v, S* dst) {
+  for (int l = 0; l < kLanes; ++l) dst[l] = from_float<S>(v[l]);
 }
 
 // A partial vector (the last tile of a state dim that is not a multiple of kLanes): past
@@ -160,9 +161,11 @@ template <typename S, typename Act> class HeadKernel {
   HeadKernel(const Mamba2Params& p, int64_t max_tokens)
       : p_(p), n_pad_(round_up(p.state_dim, kTile)), max_tokens_(max_tokens) {}
 
-  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P), dots (heads per group, P).
+  // C (n_pad), Bf (max_tokens, n_pad), y (P), a (max_tokens, P), dots (heads per group, P),
+  // staged (P, n_pad).
   int64_t scratch_floats() const {
-    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_ + p_.heads_per_group) * p_.head_dim;
+    return (1 + max_tokens_) * n_pad_ + (1 + max_tokens_ + p_.heads_per_group) * p_.head_dim +
+           p_.head_dim * n_pad_;
   }
 
   void load_group(GroupWindow& gw, const void* const* B, int64_t row, int64_t g, float* work,
@@ -180,31 +183,41 @@ template <typename S, typename Act> class HeadKernel {
     }
   }
 
+  int64_t padded_state_dim() const { return n_pad_; }
   float* y_of(float* work) const { return work + (1 + max_tokens_) * n_pad_; }
   float* a_of(float* work) const { return y_of(work) + p_.head_dim; }
   float* dots_of(float* work) const { return a_of(work) + max_tokens_ * p_.head_dim; }
+  float* staged_of(float* work) const { return dots_of(work) + p_.heads_per_group * p_.head_dim; }
 
   // State-and-output: S = decay S0 + sum_j (weight_j x_j) B_j^T in register tiles, y = S C. S0 is
-  // read from `from`; S is stored to `to` unless it is null (a flush or the baseline: `to` ==
-  // `from`; the speculative baseline: the slot of the next window position).
-  void state_and_output(const GroupWindow& gw, const HeadWindow& hw, const S* from, S* to,
-                        float* y, float* a) const {
+  // read from `from`, with row scales `scale` (P) for an 8-bit checkpoint (else nullptr). S is
+  // stored unless `to` is null (a flush or the baseline: `to` == `from`; the speculative baseline:
+  // the slot of the next window position): rounded to S in place, or, when `staged` (P, n_pad) is
+  // given, kept in fp32 there for round_checkpoint_row.
+  void state_and_output(const GroupWindow& gw, const HeadWindow& hw, const S* from,
+                        const float* scale, S* to, float* staged, float* y, float* a) const {
     const int64_t P = p_.head_dim;
     for (int64_t j = 0; j < gw.count; ++j) {
       const Act* x = static_cast<const Act*>(hw.x[j]);
       for (int64_t i = 0; i < P; ++i) a[j * P + i] = hw.weight[j] * to_float(x[i]);
     }
     for_row_blocks<kRows>(P, [&](auto block, int64_t first, int64_t stride) {
-      rows<decltype(block)::value>(gw, hw, from, to, a, first, stride, y);
+      rows<decltype(block)::value>(gw, hw, from, scale, to, staged, a, first, stride, y);
     });
   }
 
   // dots (heads, P) = S0_h C for `heads` consecutive heads of one group (they share C). Heads are
   // read kReadHeads at a time, each row after row: long sequential streams, several in flight.
-  void checkpoint_dots(const S* state, int64_t heads, const float* C, float* dots) const {
+  // `scale` (heads, P) with head stride `scale_stride`: an 8-bit checkpoint's row scales, else
+  // nullptr.
+  void checkpoint_dots(const S* state, const float* scale, int64_t scale_stride, int64_t heads,
+                       const float* C, float* dots) const {
     int64_t h = 0;
     for (; h + kReadHeads <= heads; h += kReadHeads) heads_dot_C<kReadHeads>(state, h, C, dots);
     for (; h < heads; ++h) heads_dot_C<1>(state, h, C, dots);
+    if (scale)
+      for (h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < p_.head_dim; ++i) dots[h * p_.head_dim + i] *= scale[h * scale_stride + i];
   }
 
   // Output-only: y = decay (S0 C) + sum_j weight_j (B_j . C) x_j, from the head's S0 C.
@@ -255,14 +268,16 @@ template <typename S, typename Act> class HeadKernel {
 
   // Rows i0 + r * stride (r < R) of the state, tile by tile.
   template <int R>
-  void rows(const GroupWindow& gw, const HeadWindow& hw, const S* from, S* to, const float* a,
-            int64_t i0, int64_t stride, float* y) const {
+  void rows(const GroupWindow& gw, const HeadWindow& hw, const S* from, const float* scale, S* to,
+            float* staged, const float* a, int64_t i0, int64_t stride, float* y) const {
     Vec y_part[R][kTileVecs] = {};
+    float decay[R];  // of each row's stored values: the checkpoint's decay times the row's scale
+    for (int r = 0; r < R; ++r) decay[r] = hw.checkpoint_decay * (scale ? scale[i0 + r * stride] : 1.f);
     for (int64_t n0 = 0; n0 < p_.state_dim; n0 += kTile) {
       if (n0 + kTile <= p_.state_dim)
-        tile<R, true>(gw, hw, from, to, a, i0, stride, n0, y_part);
+        tile<R, true>(gw, decay, from, to, staged, a, i0, stride, n0, y_part);
       else
-        tile<R, false>(gw, hw, from, to, a, i0, stride, n0, y_part);
+        tile<R, false>(gw, decay, from, to, staged, a, i0, stride, n0, y_part);
     }
     for (int r = 0; r < R; ++r) {
       Vec sum = {};
@@ -272,14 +287,14 @@ template <typename S, typename Act> class HeadKernel {
   }
 
   template <int R, bool kFullTile>
-  void tile(const GroupWindow& gw, const HeadWindow& hw, const S* from, S* to, const float* a,
-            int64_t i0, int64_t stride, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
+  void tile(const GroupWindow& gw, const float (&decay)[R], const S* from, S* to, float* staged,
+            const float* a, int64_t i0, int64_t stride, int64_t n0, Vec (&y_part)[R][kTileVecs]) const {
     const int64_t P = p_.head_dim;
     const int64_t width = kFullTile ? kTile : p_.state_dim - n0;
     Vec acc[R][kTileVecs];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < kTileVecs; ++v)
-        acc[r][v] = hw.checkpoint_decay *
+        acc[r][v] = decay[r] *
                     load_widened<kFullTile>(from + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,
                                             width - v * kLanes);
     for (int64_t j = 0; j < gw.count; ++j) {
@@ -293,7 +308,11 @@ template <typename S, typename Act> class HeadKernel {
     }
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < kTileVecs; ++v) y_part[r][v] += acc[r][v] * load_vec(gw.C + n0 + v * kLanes);
-    if (to)
+    if (to && staged)
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < kTileVecs; ++v)
+          store_narrowed<true>(acc[r][v], staged + (i0 + r * stride) * n_pad_ + n0 + v * kLanes, kLanes);
+    else if (to)
       for (int r = 0; r < R; ++r)
         for (int v = 0; v < kTileVecs; ++v)
           store_narrowed<kFullTile>(acc[r][v], to + (i0 + r * stride) * p_.state_stride_p + n0 + v * kLanes,

@@ -13,6 +13,9 @@ namespace {
 template <typename S, typename Act> void decode(const Mamba2Params& p, const ReplayParams* replay) {
   const HeadKernel<S, Act> kernel(p, replay ? replay->buffer_len : 1);
   const bool output_only = replay && replay->route != ReplayRoute::kStateAndOutput;
+  // Flushes that round row by row (a row's scale needs all of it; stochastic rounding its
+  // elements' indices) stage the state in fp32 first.
+  const bool staged_flush = replay && (CheckpointFormat<S>::kScaled || replay->stochastic_rounding);
   const int64_t chunk = heads_per_item(p);
   const int64_t chunks = (p.heads_per_group + chunk - 1) / chunk;
   const int64_t act = sizeof(Act);
@@ -21,6 +24,7 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
     float* y = kernel.y_of(work);
     float* a = kernel.a_of(work);
     float* dots = kernel.dots_of(work);
+    float* staged = staged_flush ? kernel.staged_of(work) : nullptr;
     const void* B[kMaxTokens];
     float raw_dt[kMaxTokens];
     for (int64_t item = begin; item < end; ++item) {
@@ -43,7 +47,14 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
       B[fill] = at<Act>(p.B, row * p.B_stride_batch + g * p.B_stride_group);
       kernel.load_group(gw, B, row, g, work, row_output_only);
       S* group_state = at<S>(p.state, slot * p.state_stride_slot + h_begin * p.state_stride_head);
-      if (row_output_only) kernel.checkpoint_dots(group_state, h_end - h_begin, gw.C, dots);
+      float* group_scale = replay && replay->state_scale
+                               ? replay->state_scale + slot * replay->scale_stride_slot +
+                                     h_begin * replay->scale_stride_head
+                               : nullptr;
+      if (row_output_only)
+        kernel.checkpoint_dots(group_state, group_scale, group_scale ? replay->scale_stride_head : 0,
+                               h_end - h_begin, gw.C, dots);
+      FlushRandomBits random = replay && flush ? flush_random_bits(*replay, slot) : FlushRandomBits(0, 0, 0, 0);
 
       for (int64_t h = h_begin; h < h_end; ++h) {
         HeadWindow hw;
@@ -62,12 +73,18 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
         hw.weigh(gw.count, raw_dt, head_scalar(p.A, h, 0.f), head_scalar(p.dt_bias, h, 0.f),
                  p.dt_softplus);
 
-        S* head_state = group_state + (h - h_begin) * p.state_stride_head;
+        S* state = group_state + (h - h_begin) * p.state_stride_head;
+        float* scale = group_scale ? group_scale + (h - h_begin) * replay->scale_stride_head : nullptr;
         if (row_output_only)
           kernel.output_only(gw, hw, dots + (h - h_begin) * p.head_dim, y);
         else
-          kernel.state_and_output(gw, hw, head_state, flush ? head_state : nullptr, y, a);
+          kernel.state_and_output(gw, hw, state, scale, flush ? state : nullptr, staged, y, a);
         kernel.finish(y, row, h);
+        if (flush && staged)
+          for (int64_t i = 0; i < p.head_dim; ++i)
+            round_checkpoint_row(staged + i * kernel.padded_state_dim(), p.state_dim, state + i * p.state_stride_p,
+                                 scale ? scale + i : nullptr, replay->stochastic_rounding, random,
+                                 uint32_t((h * p.head_dim + i) * p.state_dim));
 
         if (!flush) {  // append the token; heads of a group share B, the first one stores it
           std::memcpy(x_hist + fill * replay->xc_stride_pos, hw.x[fill], size_t(p.head_dim) * act);
@@ -78,6 +95,13 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
       }
     }
   });
+  // After every head has drawn its random bits from the count.
+  if (replay && replay->stochastic_rounding)
+    for (int64_t row = 0; row < p.batch; ++row) {
+      const int64_t slot = slot_of_row(p, row);
+      if (slot >= 0 && replay->cursors[slot * replay->cursors_stride] == replay->buffer_len - 1)
+        count_flush(*replay, slot);
+    }
 }
 
 // Instantiates decode for the call's (state, activation) dtypes.
@@ -93,6 +117,8 @@ void dispatch(const Mamba2Params& p, const ReplayParams* replay) {
   switch (p.state_dtype) {
     case DType::kFloat16: return with_act(Half{});
     case DType::kBFloat16: return with_act(BFloat16{});
+    case DType::kInt8: return with_act(Int8{});
+    case DType::kFloat8E4M3: return with_act(Float8E4M3{});
     default: return with_act(float{});
   }
 }

@@ -137,7 +137,7 @@ template <typename S, typename Act> void verify(const SpecVerifyParams& p) {
           history.C = Cs;
           history.Bf = Bf;
           const HeadKernel<S, Act> kernel(p, L);
-          kernel.state_and_output(history, fold, head_state, head_state, y, a);
+          kernel.state_and_output(history, fold, head_state, nullptr, head_state, nullptr, y, a);
         }
         window_dots(head_state, p.state_stride_p, P, N, Cs, n_pad, n, dots);
         for (int64_t t = 0; t < n; ++t) {
@@ -210,7 +210,7 @@ template <typename S, typename Act> void baseline(const SpecBaselineParams& p) {
           gw.Bf = Bf + t * n_pad;
           S* to = at<S>(p.state, baseline_slot(p, it.row, t) * p.state_stride_slot + head_offset);
           const HeadKernel<S, Act> kernel(q, 1);
-          kernel.state_and_output(gw, hw, from, to, y, a);
+          kernel.state_and_output(gw, hw, from, nullptr, to, nullptr, y, a);
           kernel.finish(y, it.row, h);
           from = to;
         }

@@ -69,12 +69,16 @@ Token current_token(const Mamba2Params& p, int64_t row, int64_t h) {
                load_as<double>(p.dt, p.dt_dtype, row * p.dt_stride_batch + h * p.dt_stride_head)};
 }
 
-void load_state(std::vector<double>& S, const Mamba2Params& p, int64_t slot, int64_t h) {
-  for (int64_t i = 0; i < p.head_dim; ++i)
+// `scale` (slots, H, P): the 8-bit checkpoints' scales, else nullptr.
+void load_state(std::vector<double>& S, const Mamba2Params& p, int64_t slot, int64_t h,
+                const float* scale = nullptr, int64_t scale_stride_slot = 0, int64_t scale_stride_head = 0) {
+  for (int64_t i = 0; i < p.head_dim; ++i) {
+    const double row_scale = scale ? scale[slot * scale_stride_slot + h * scale_stride_head + i] : 1.0;
     for (int64_t n = 0; n < p.state_dim; ++n)
-      S[i * p.state_dim + n] = load_as<double>(
+      S[i * p.state_dim + n] = row_scale * load_as<double>(
           p.state, p.state_dtype,
           slot * p.state_stride_slot + h * p.state_stride_head + i * p.state_stride_p + n);
+  }
 }
 
 void store_state(const std::vector<double>& S, const Mamba2Params& p, int64_t slot, int64_t h) {
@@ -83,6 +87,37 @@ void store_state(const std::vector<double>& S, const Mamba2Params& p, int64_t sl
       store_double(p.state, p.state_dtype,
                    slot * p.state_stride_slot + h * p.state_stride_head + i * p.state_stride_p + n,
                    S[i * p.state_dim + n]);
+}
+
+// A flushed head of the checkpoint with stochastic rounding or an 8-bit format: the fp64 state
+// rounded to fp32, then to the checkpoint by the shared rules of common/rounding.hpp.
+template <typename S>
+void store_rounded_checkpoint(const std::vector<double>& S_exact, const ReplayParams& p, int64_t slot,
+                              int64_t h, FlushRandomBits& random) {
+  std::vector<float> row(size_t(p.state_dim));
+  for (int64_t i = 0; i < p.head_dim; ++i) {
+    for (int64_t n = 0; n < p.state_dim; ++n) row[n] = float(S_exact[i * p.state_dim + n]);
+    S* stored = static_cast<S*>(p.state) + slot * p.state_stride_slot + h * p.state_stride_head + i * p.state_stride_p;
+    float* scale = p.state_scale ? p.state_scale + slot * p.scale_stride_slot + h * p.scale_stride_head + i : nullptr;
+    round_checkpoint_row(row.data(), p.state_dim, stored, scale, p.stochastic_rounding, random,
+                         uint32_t((h * p.head_dim + i) * p.state_dim));
+  }
+}
+
+void store_checkpoint(const std::vector<double>& S, const ReplayParams& p, int64_t slot, int64_t h,
+                      FlushRandomBits& random) {
+  switch (p.state_dtype) {
+    case DType::kInt8: return store_rounded_checkpoint<Int8>(S, p, slot, h, random);
+    case DType::kFloat8E4M3: return store_rounded_checkpoint<Float8E4M3>(S, p, slot, h, random);
+    case DType::kFloat16:
+      if (p.stochastic_rounding) return store_rounded_checkpoint<Half>(S, p, slot, h, random);
+      break;
+    case DType::kBFloat16:
+      if (p.stochastic_rounding) return store_rounded_checkpoint<BFloat16>(S, p, slot, h, random);
+      break;
+    default: break;
+  }
+  store_state(S, p, slot, h);
 }
 
 void copy_elements(void* dst, const void* src, DType t, int64_t count) {
@@ -113,6 +148,7 @@ void replay_decode(const ReplayParams& p) {
     if (slot < 0) continue;
     const int64_t fill = p.cursors[slot * p.cursors_stride];
     const bool flush = fill == p.buffer_len - 1;
+    FlushRandomBits random = flush_random_bits(p, slot);
     for (int64_t h = 0; h < p.nheads; ++h) {
       const int64_t g = h / p.heads_per_group;
       const double A = head_scalar(p.A, h, 0.0), bias = head_scalar(p.dt_bias, h, 0.0);
@@ -120,7 +156,7 @@ void replay_decode(const ReplayParams& p) {
       char* B_hist = static_cast<char*>(p.B_cache) + (slot * p.Bc_stride_slot + g * p.Bc_stride_group) * act;
       float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;
 
-      load_state(S, p, slot, h);
+      load_state(S, p, slot, h, p.state_scale, p.scale_stride_slot, p.scale_stride_head);
       for (int64_t j = 0; j < fill; ++j)
         step(S, p, Token{x_hist + j * p.xc_stride_pos * act, B_hist + j * p.Bc_stride_pos * act, dt_hist[j]},
              A, bias);
@@ -129,7 +165,7 @@ void replay_decode(const ReplayParams& p) {
       write_output(S, p, row, h);
 
       if (flush) {
-        store_state(S, p, slot, h);
+        store_checkpoint(S, p, slot, h, random);
       } else {
         copy_elements(x_hist + fill * p.xc_stride_pos * act, now.x, p.act_dtype, p.head_dim);
         if (h % p.heads_per_group == 0)
@@ -137,6 +173,7 @@ void replay_decode(const ReplayParams& p) {
         dt_hist[fill] = float(now.raw_dt);
       }
     }
+    if (flush) count_flush(p, slot);
   }
 }
 

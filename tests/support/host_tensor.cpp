@@ -50,6 +50,8 @@ double HostTensor::get(int64_t i) const {
       return v;
     }
     case DType::kInt32: return double(int32_t(uint32_t(b)));
+    case DType::kInt8: return double(int8_t(uint8_t(b)));
+    case DType::kFloat8E4M3: return e4m3_to_float(uint8_t(b));
   }
   return 0;
 }
@@ -65,6 +67,8 @@ void HostTensor::set(int64_t i, double v) {
       return set_bits(i, b);
     }
     case DType::kInt32: return set_bits(i, uint32_t(int32_t(v)));
+    case DType::kInt8: return set_bits(i, uint8_t(float_to_int8(float(v))));
+    case DType::kFloat8E4M3: return set_bits(i, float_to_e4m3(float(v)));
   }
 }
 
@@ -105,6 +109,8 @@ FloatFormat format_of(DType dtype) {
     case DType::kFloat16: return {10, -14};
     case DType::kBFloat16: return {7, -126};
     case DType::kFloat64: return {52, -1022};
+    case DType::kFloat8E4M3: return {3, -6};
+    case DType::kInt8: return {7, 7};  // the integers: spacing 1
     default: return {23, -126};
   }
 }
@@ -131,6 +137,8 @@ const char* short_dtype_name(DType dtype) {
     case DType::kBFloat16: return "bf16";
     case DType::kFloat64: return "f64";
     case DType::kInt32: return "i32";
+    case DType::kInt8: return "i8";
+    case DType::kFloat8E4M3: return "f8e4m3";
   }
   return "unknown";
 }

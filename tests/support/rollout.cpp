@@ -25,6 +25,21 @@ constexpr double kFp32Tolerance = 1e-5;
 // and both errors are fp32 arithmetic (~1e-7), where a ratio means nothing.
 constexpr double kStepFloorRoundoffs = 1.0;
 
+// 8-bit checkpoints have no baseline to compare with (no kernel stores an 8-bit state every step),
+// so their bound comes from the format. A flush moves each element by at most half a step of its
+// row's scale (a whole step with stochastic rounding): u x the row's absmax, with u = 0.5 / 127
+// for int8 and 2^-4 (half the spacing of 3 mantissa bits, relative) for e4m3, doubled with
+// stochastic rounding. Carried forward with decays <= 1, after k flushes a state element is off
+// by at most k u of its row's absmax. An output is a dot product of a state row with C; its error
+// mixes those element errors with the same weights as the exact output mixes the state, so
+// relative to max |y| it stays within a small multiple of k u. The bound allows twice k u.
+constexpr double kDriftRoundoffs = 2.0;
+
+double relative_rounding(DType checkpoint, bool stochastic) {
+  const double u = checkpoint == DType::kInt8 ? 0.5 / 127 : std::ldexp(1.0, -4);
+  return stochastic ? 2 * u : u;
+}
+
 constexpr size_t kMaxMessages = 12;
 
 std::string index_string(const std::vector<int64_t>& shape, int64_t flat) {
@@ -87,6 +102,7 @@ std::string RolloutConfig::name() const {
   if (dt_per_channel) os << "_dtHP";
   if (A_per_element) os << "_AHPN";
   if (packed_xbc) os << "_packedxbc";
+  if (stochastic_rounding) os << "_sr";
   if (mapping == SlotMapping::kIdentity)
     os << (foreign_slots == 0 ? "_identity" : "_identityextraslots");
   if (steps > 0) os << "_steps" << steps;
@@ -109,6 +125,7 @@ const char* check_name(Check check) {
     case Check::kFlushedCheckpoint: return "flushed checkpoint";
     case Check::kCursor: return "cursors";
     case Check::kBaselineStateTouched: return "baseline touched an unused slot";
+    case Check::kFlushCounts: return "flush counts";
     case Check::kCount: break;
   }
   return "unknown";
@@ -177,7 +194,17 @@ Rollout::Rollout(const RolloutConfig& config)
   const DType act = config.act_dtype, state = config.state_dtype;
   const int64_t act_size = dtype_size(act);
   checkpoint_ = Buffer(device_, size_t(slots_ * H_ * P_ * N_ * dtype_size(state)));
-  baseline_state_ = Buffer(device_, checkpoint_.bytes());
+  if (has_baseline()) baseline_state_ = Buffer(device_, checkpoint_.bytes());
+  if (is_scaled_checkpoint(state)) checkpoint_scale_ = Buffer(device_, size_t(slots_ * H_ * P_ * 4));
+  if (config.stochastic_rounding) {
+    // Any seed and any starting counts: the key is whatever they hold.
+    const int32_t seed[2] = {int32_t(rng_()), int32_t(rng_())};
+    rounding_seed_ = Buffer(device_, sizeof(seed));
+    rounding_seed_.upload(seed, 0, sizeof(seed));
+    for (int64_t slot = 0; slot < slots_; ++slot) expected_flush_counts_.push_back(int32_t(rng_() % 1000));
+    flush_counts_ = Buffer(device_, size_t(slots_ * 4));
+    flush_counts_.upload(expected_flush_counts_.data(), 0, flush_counts_.bytes());
+  }
   x_cache_ = Buffer(device_, size_t(slots_ * H_ * L_ * P_ * act_size));
   B_cache_ = Buffer(device_, size_t(slots_ * G_ * L_ * N_ * act_size));
   dt_cache_ = Buffer(device_, size_t(slots_ * H_ * L_ * 4));
@@ -199,7 +226,7 @@ Rollout::Rollout(const RolloutConfig& config)
 
   oracle_state_ = HostTensor(DType::kFloat64, {slots_, H_, P_, N_});
   window_oracle_state_ = HostTensor(DType::kFloat64, {slots_, H_, P_, N_});
-  for (int64_t slot = 0; slot < slots_; ++slot) write_initial_state(slot, random_state());
+  for (int64_t slot = 0; slot < slots_; ++slot) write_initial_state(slot, random_state(), random_scales());
 
   // Caches start as canaries: a kernel that reads past the cursor turns an output into NaN.
   expected_x_cache_ = HostTensor(act, {slots_, H_, L_, P_});
@@ -246,19 +273,33 @@ void Rollout::initialise_parameters() {
 
 HostTensor Rollout::random_state() {
   std::normal_distribution<double> unit_normal;
+  // 8-bit: stored values spread over the format's range (their scales make them ~N(0, 1)).
+  const double spread = config_.state_dtype == DType::kInt8 ? 40 : config_.state_dtype == DType::kFloat8E4M3 ? 100 : 1;
   HostTensor s(config_.state_dtype, {H_, P_, N_});
-  for (int64_t i = 0; i < s.numel(); ++i) s.set(i, unit_normal(rng_));
+  for (int64_t i = 0; i < s.numel(); ++i) s.set(i, spread * unit_normal(rng_));
   return s;
 }
 
-void Rollout::write_initial_state(int64_t slot, const HostTensor& state) {
+HostTensor Rollout::random_scales() {
+  if (!is_scaled_checkpoint(config_.state_dtype)) return HostTensor();
+  const double typical = config_.state_dtype == DType::kInt8 ? 1.0 / 40 : 1.0 / 100;
+  std::uniform_real_distribution<double> factor(0.5, 2.0);
+  HostTensor scales(DType::kFloat32, {H_, P_});
+  for (int64_t i = 0; i < scales.numel(); ++i) scales.set(i, typical * factor(rng_));
+  return scales;
+}
+
+void Rollout::write_initial_state(int64_t slot, const HostTensor& state, const HostTensor& scales) {
   const int64_t n = H_ * P_ * N_;
   const size_t bytes = state.bytes().size();
   checkpoint_.upload(state.data(), size_t(slot) * bytes, bytes);
-  baseline_state_.upload(state.data(), size_t(slot) * bytes, bytes);
+  if (has_baseline()) baseline_state_.upload(state.data(), size_t(slot) * bytes, bytes);
+  if (!scales.bytes().empty())
+    checkpoint_scale_.upload(scales.data(), size_t(slot) * scales.bytes().size(), scales.bytes().size());
   for (int64_t i = 0; i < n; ++i) {
-    oracle_state_.set(slot * n + i, state.get(i));
-    window_oracle_state_.set(slot * n + i, state.get(i));
+    const double value = !scales.bytes().empty() ? scales.get(i / N_) * state.get(i) : state.get(i);
+    oracle_state_.set(slot * n + i, value);
+    window_oracle_state_.set(slot * n + i, value);
   }
 }
 
@@ -284,7 +325,7 @@ void Rollout::recycle_one_slot() {
     if (step_ >= request_start_[q]) chosen = q;
   next_recycle_request_ = chosen + 1;
   const int64_t slot = request_slot_[chosen];
-  write_initial_state(slot, random_state());
+  write_initial_state(slot, random_state(), random_scales());
   reset_cursors({int32_t(config_.pad_slot_id), int32_t(slot)});
   ++report_.recycled_slots;
 }
@@ -435,20 +476,32 @@ void Rollout::step() {
   canaries.fill_bits(canary_bits(act));
   out_.upload(canaries);
   baseline_out_.upload(canaries);
+  const std::vector<int64_t> scale_shape{slots_, H_, P_};
+  const bool scaled = is_scaled_checkpoint(state);
   const HostTensor checkpoint_before = download_tensor(checkpoint_, state, state_shape);
-  const HostTensor baseline_before = download_tensor(baseline_state_, state, state_shape);
+  const HostTensor scale_before = scaled ? download_tensor(checkpoint_scale_, DType::kFloat32, scale_shape) : HostTensor();
+  const HostTensor baseline_before = has_baseline() ? download_tensor(baseline_state_, state, state_shape) : HostTensor();
 
   const ExecOptions options{config_.backend};
-  const ReplayCache cache{checkpoint_.view(state, state_shape), x_cache_.view(act, {slots_, H_, L_, P_}),
-                          B_cache_.view(act, {slots_, G_, L_, N_}),
-                          dt_cache_.view(DType::kFloat32, {slots_, H_, L_}),
-                          cursors_.view(DType::kInt32, {slots_})};
+  ReplayCache cache;
+  cache.state = checkpoint_.view(state, state_shape);
+  cache.x_cache = x_cache_.view(act, {slots_, H_, L_, P_});
+  cache.B_cache = B_cache_.view(act, {slots_, G_, L_, N_});
+  cache.dt_cache = dt_cache_.view(DType::kFloat32, {slots_, H_, L_});
+  cache.cursors = cursors_.view(DType::kInt32, {slots_});
+  if (scaled) cache.state_scale = checkpoint_scale_.view(DType::kFloat32, scale_shape);
+  if (config_.stochastic_rounding) {
+    cache.stochastic_rounding = true;
+    cache.rounding_seed = rounding_seed_.view(DType::kInt32, {2});
+    cache.flush_counts = flush_counts_.view(DType::kInt32, {slots_});
+  }
   replay_decode(cache, step_under_test(in, out_), config_.route, options);
   replay_advance(cache.cursors, L_,
                  in.pass_indices ? indices_.view(DType::kInt32, {batch_}) : TensorView{},
                  config_.pad_slot_id, options);
-  selective_state_update(baseline_state_.view(state, state_shape), step_under_test(in, baseline_out_),
-                         options);
+  if (has_baseline())
+    selective_state_update(baseline_state_.view(state, state_shape), step_under_test(in, baseline_out_),
+                           options);
 
   HostTensor oracle_out(DType::kFloat32, out_shape), window_out(DType::kFloat32, out_shape);
   const ExecOptions reference{Backend::kReference};
@@ -461,12 +514,17 @@ void Rollout::step() {
   const HostTensor out = download_tensor(out_, act, out_shape);
   const HostTensor baseline_out = download_tensor(baseline_out_, act, out_shape);
   check_canaries(in, out, "replay out");
-  check_canaries(in, baseline_out, "baseline out");
+  if (has_baseline()) check_canaries(in, baseline_out, "baseline out");
   check_outputs(in, out, baseline_out, oracle_out);
+  check_replay_against_checkpoint(in, out, window_out);
   check_caches();
-  check_checkpoint(in, flushes, checkpoint_before, download_tensor(checkpoint_, state, state_shape));
+  check_checkpoint(in, flushes, checkpoint_before, download_tensor(checkpoint_, state, state_shape),
+                   scale_before,
+                   scaled ? download_tensor(checkpoint_scale_, DType::kFloat32, scale_shape) : HostTensor());
+  check_flush_counts(in, flushes);
   check_cursors();
-  check_baseline_state(in, baseline_before, download_tensor(baseline_state_, state, state_shape));
+  if (has_baseline())
+    check_baseline_state(in, baseline_before, download_tensor(baseline_state_, state, state_shape));
   ++report_.steps;
   ++step_;
 }
@@ -533,6 +591,35 @@ struct OutputError {
 
 }  // namespace
 
+// The replay computes its outputs in fp32 from the checkpoint as stored and the buffer, so it
+// matches the exact recurrence restarted from that checkpoint (the window oracle) as closely as
+// an fp32 state matches the oracle, whatever the checkpoint's format.
+void Rollout::check_replay_against_checkpoint(const StepInputs& in, const HostTensor& out,
+                                              const HostTensor& window_out) {
+  const int64_t row_size = H_ * P_;
+  double max_exact = 0, worst = 0;
+  int64_t worst_index = -1;
+  for (int64_t row = 0; row < batch_; ++row) {
+    if (in.is_pad(row, config_.pad_slot_id)) continue;
+    for (int64_t i = row * row_size; i < (row + 1) * row_size; ++i) {
+      const double v = out.get(i), exact = window_out.get(i);
+      max_exact = std::max(max_exact, std::fabs(exact));
+      double excess = std::fabs(v - exact) - 0.5 * ulp(config_.act_dtype, v);
+      if (!std::isfinite(v)) excess = INFINITY;
+      if (excess > worst) {
+        worst = excess;
+        worst_index = i;
+      }
+    }
+  }
+  if (max_exact == 0 || worst / max_exact <= kFp32Tolerance) return;
+  std::ostringstream os;
+  os << "step " << step_ << ": replay out" << index_string(out.shape(), worst_index) << " = "
+     << out.get(worst_index) << ", exact from the stored checkpoint " << window_out.get(worst_index)
+     << ": relative error " << worst / max_exact << " > " << kFp32Tolerance;
+  report_.fail(Check::kOutputError, os.str());
+}
+
 void Rollout::check_outputs(const StepInputs& in, const HostTensor& out, const HostTensor& baseline_out,
                             const HostTensor& oracle_out) {
   const int64_t row_size = H_ * P_;
@@ -561,10 +648,8 @@ void Rollout::check_outputs(const StepInputs& in, const HostTensor& out, const H
     e.relative = std::max(worst, 0.0) / max_exact;
     return e;
   };
-  const OutputError replay = error_of(out), baseline = error_of(baseline_out);
+  const OutputError replay = error_of(out);
   report_.max_replay_error = std::max(report_.max_replay_error, replay.relative);
-  report_.max_baseline_error = std::max(report_.max_baseline_error, baseline.relative);
-
   auto describe = [&](const char* what, const HostTensor& y, const OutputError& e, double bound) {
     std::ostringstream os;
     os << "step " << step_ << ": " << what << " relative error " << e.relative << " > " << bound
@@ -572,6 +657,15 @@ void Rollout::check_outputs(const StepInputs& in, const HostTensor& out, const H
        << oracle_out.get(e.worst) << " (max |exact| " << max_exact << ")";
     return os.str();
   };
+  if (!has_baseline()) {
+    const double flushes = double(step_ / L_ + 1);  // at most, for any slot, so far
+    const double bound = kDriftRoundoffs * flushes * relative_rounding(config_.state_dtype, config_.stochastic_rounding);
+    if (!(replay.relative <= bound))
+      report_.fail(Check::kOutputError, describe("replay (format bound)", out, replay, bound));
+    return;
+  }
+  const OutputError baseline = error_of(baseline_out);
+  report_.max_baseline_error = std::max(report_.max_baseline_error, baseline.relative);
   if (config_.state_dtype == DType::kFloat32) {
     if (!(replay.relative <= kFp32Tolerance))
       report_.fail(Check::kOutputError, describe("replay", out, replay, kFp32Tolerance));
@@ -589,7 +683,7 @@ void Rollout::check_outputs(const StepInputs& in, const HostTensor& out, const H
 }
 
 void Rollout::check_rollout_error() {
-  if (config_.state_dtype == DType::kFloat32) return;  // checked at every step
+  if (config_.state_dtype == DType::kFloat32 || !has_baseline()) return;  // checked at every step
   if (report_.max_replay_error <= 2 * report_.max_baseline_error) return;
   std::ostringstream os;
   os << "max replay output error over the rollout " << report_.max_replay_error
@@ -618,20 +712,33 @@ void Rollout::check_caches() {
 }
 
 void Rollout::check_checkpoint(const StepInputs& in, const std::vector<bool>& flushes,
-                               const HostTensor& before, const HostTensor& after) {
+                               const HostTensor& before, const HostTensor& after,
+                               const HostTensor& scale_before, const HostTensor& scale_after) {
   std::vector<bool> flushed(size_t(slots_), false);
   for (int64_t row = 0; row < batch_; ++row)
     if (flushes[row]) flushed[size_t(in.row_slot[row])] = true;
   const int64_t n = H_ * P_ * N_;
   const DType state = config_.state_dtype;
+  const bool scaled = is_scaled_checkpoint(state);
+  // An element's value and the spacing of its format there (8-bit: times the row's scale).
+  auto value = [&](int64_t i) { return scaled ? scale_after.get(i / N_) * after.get(i) : after.get(i); };
+  auto spacing = [&](int64_t i) {
+    return scaled ? scale_after.get(i / N_) * ulp(state, after.get(i)) : ulp(state, after.get(i));
+  };
+  // Round to nearest moves a value by at most half a step, stochastic rounding by less than one.
+  const double steps_allowed = config_.stochastic_rounding ? 1.0 : 0.5;
   for (int64_t slot = 0; slot < slots_; ++slot) {
     const int64_t begin = slot * n, end = begin + n;
     if (!flushed[slot]) {
-      const int64_t i = first_difference(before, after, begin, end);
+      int64_t i = first_difference(before, after, begin, end);
+      if (i < 0 && scaled) {
+        const int64_t r = first_difference(scale_before, scale_after, begin / N_, end / N_);
+        if (r >= 0) i = r * N_;
+      }
       if (i >= 0) {
         std::ostringstream os;
-        os << "step " << step_ << ": checkpoint" << index_string(after.shape(), i) << " changed from "
-           << before.get(i) << " to " << after.get(i) << " although slot " << slot << " did not flush";
+        os << "step " << step_ << ": checkpoint" << index_string(after.shape(), i) << " (or its scale) changed"
+           << " although slot " << slot << " did not flush";
         report_.fail(Check::kCheckpointTouched, os.str());
       }
       continue;
@@ -642,14 +749,26 @@ void Rollout::check_checkpoint(const StepInputs& in, const std::vector<bool>& fl
     for (int64_t i = begin; i < end; ++i) {
       max_window = std::max(max_window, std::fabs(window_oracle_state_.get(i)));
       max_oracle = std::max(max_oracle, std::fabs(oracle_state_.get(i)));
-      max_oracle_error = std::max(max_oracle_error, std::fabs(after.get(i) - oracle_state_.get(i)));
+      max_oracle_error = std::max(max_oracle_error, std::fabs(value(i) - oracle_state_.get(i)));
     }
     for (int64_t i = begin; i < end; ++i) {
-      const double v = after.get(i), exact = window_oracle_state_.get(i);
-      if (std::fabs(v - exact) <= 0.5 * ulp(state, v) + kFp32Tolerance * max_window) continue;
+      const double v = value(i), exact = window_oracle_state_.get(i);
+      if (std::fabs(v - exact) <= steps_allowed * spacing(i) + kFp32Tolerance * max_window) continue;
       std::ostringstream os;
       os << "step " << step_ << ": flushed checkpoint" << index_string(after.shape(), i) << " = " << v
          << ", exact state from the previous checkpoint " << exact << " (max |state| " << max_window << ")";
+      report_.fail(Check::kFlushedCheckpoint, os.str());
+      break;
+    }
+    // 8-bit: each row's scale maps the row's largest magnitude to the format's largest value.
+    for (int64_t r = begin / N_; scaled && r < end / N_; ++r) {
+      double absmax = 0;
+      for (int64_t i = r * N_; i < (r + 1) * N_; ++i) absmax = std::max(absmax, std::fabs(window_oracle_state_.get(i)));
+      const double format_max = state == DType::kInt8 ? kInt8Max : kFloat8E4M3Max;
+      if (std::fabs(scale_after.get(r) * format_max - absmax) <= kFp32Tolerance * max_window) continue;
+      std::ostringstream os;
+      os << "step " << step_ << ": state_scale" << index_string(scale_after.shape(), r) << " = "
+         << scale_after.get(r) << ", but the row's absmax / " << format_max << " is " << absmax / format_max;
       report_.fail(Check::kFlushedCheckpoint, os.str());
       break;
     }
@@ -663,7 +782,22 @@ void Rollout::check_checkpoint(const StepInputs& in, const std::vector<bool>& fl
         report_.fail(Check::kFlushedCheckpoint, os.str());
       }
     }
-    for (int64_t i = begin; i < end; ++i) window_oracle_state_.set(i, after.get(i));
+    for (int64_t i = begin; i < end; ++i) window_oracle_state_.set(i, value(i));
+  }
+}
+
+void Rollout::check_flush_counts(const StepInputs& in, const std::vector<bool>& flushes) {
+  if (!config_.stochastic_rounding) return;
+  for (int64_t row = 0; row < batch_; ++row)
+    if (flushes[row]) ++expected_flush_counts_[size_t(in.row_slot[row])];
+  std::vector<int32_t> actual(static_cast<size_t>(slots_));
+  flush_counts_.download(actual.data(), 0, flush_counts_.bytes());
+  for (int64_t slot = 0; slot < slots_; ++slot) {
+    if (actual[slot] == expected_flush_counts_[slot]) continue;
+    std::ostringstream os;
+    os << "step " << step_ << ": flush_counts[" << slot << "]=" << actual[slot] << ", expected "
+       << expected_flush_counts_[slot];
+    report_.fail(Check::kFlushCounts, os.str());
   }
 }
 

@@ -37,8 +37,9 @@ struct RolloutConfig {
   Geometry geometry = kOddGrouped;
   int64_t buffer_len = 16;  // L
   ReplayRoute route = ReplayRoute::kAuto;
-  DType state_dtype = DType::kFloat32;
+  DType state_dtype = DType::kFloat32;  // 8-bit: replay only, the baseline has no such state
   DType act_dtype = DType::kFloat32;
+  bool stochastic_rounding = false;
   bool dt_float32 = false;              // dt in fp32 instead of the activation dtype
   DType param_dtype = DType::kFloat32;  // A, D, dt_bias
   bool with_D = true;
@@ -74,6 +75,7 @@ enum class Check : int {
   kFlushedCheckpoint,     // a flushed checkpoint vs the exact state
   kCursor,                // cursors differ from the expected values
   kBaselineStateTouched,  // the baseline wrote the state of a slot no row used
+  kFlushCounts,           // flush_counts differ from the flushes of each slot
   kCount,
 };
 
@@ -124,8 +126,10 @@ class Rollout {
   struct StepInputs;
 
   void initialise_parameters();
-  HostTensor random_state();
-  void write_initial_state(int64_t slot, const HostTensor& state);
+  HostTensor random_state();   // (H, P, N) state dtype: the stored values
+  HostTensor random_scales();  // (H, P) fp32: their scales (8-bit), else empty
+  void write_initial_state(int64_t slot, const HostTensor& state, const HostTensor& scales);
+  bool has_baseline() const { return !is_scaled_checkpoint(config_.state_dtype); }
   void recycle_one_slot();
   void reset_cursors(const std::vector<int32_t>& slots);
   void choose_rows(StepInputs& in);
@@ -139,8 +143,12 @@ class Rollout {
                      const HostTensor& oracle_out);
   void check_canaries(const StepInputs& in, const HostTensor& out, const char* what);
   void check_caches();
+  void check_replay_against_checkpoint(const StepInputs& in, const HostTensor& out,
+                                       const HostTensor& window_out);
   void check_checkpoint(const StepInputs& in, const std::vector<bool>& flushes,
-                        const HostTensor& before, const HostTensor& after);
+                        const HostTensor& before, const HostTensor& after,
+                        const HostTensor& scale_before, const HostTensor& scale_after);
+  void check_flush_counts(const StepInputs& in, const std::vector<bool>& flushes);
   void check_cursors();
   void check_rollout_error();
   void check_baseline_state(const StepInputs& in, const HostTensor& before, const HostTensor& after);
@@ -166,6 +174,9 @@ class Rollout {
 
   // Under test.
   Buffer baseline_state_, checkpoint_;  // (slots, H, P, N) state dtype
+  Buffer checkpoint_scale_;             // (slots, H, P) fp32: 8-bit checkpoints only
+  Buffer rounding_seed_;                // (2) int32: stochastic rounding only
+  Buffer flush_counts_;                 // (slots) int32: stochastic rounding only
   Buffer x_cache_;                      // (slots, H, L, P) act
   Buffer B_cache_;                      // (slots, G, L, N) act
   Buffer dt_cache_;                     // (slots, H, L) fp32
@@ -184,6 +195,7 @@ class Rollout {
   // What the caches and cursors must hold (shapes as above).
   HostTensor expected_x_cache_, expected_B_cache_, expected_dt_cache_;
   std::vector<int32_t> expected_cursors_;
+  std::vector<int32_t> expected_flush_counts_;  // (slots): stochastic rounding only
 };
 
 }  // namespace replayssm::test
