@@ -3,6 +3,7 @@
 // graph must leave exactly what the same calls leave when run eagerly.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <stdexcept>
@@ -108,6 +109,7 @@ TEST(SpecCudaGraph, ReplaysExactlyWhatTheEagerCallsDo) {
   // Accepted counts per (step, row), within each row's valid tokens {4, 1, 3}: all, bonus only, mixed.
   const Buffer accepted = int_buffer({4, 1, 1, 1, 1, 3, 2, 1, 2, 4, 1, 1, 3, 1, 3});
   const SpecLayer eager(7), graphed(7);
+  const std::vector<uint8_t> initial_state = graphed.state.download();
   cudaStream_t stream;
   TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph = nullptr;
@@ -126,9 +128,13 @@ TEST(SpecCudaGraph, ReplaysExactlyWhatTheEagerCallsDo) {
     const char* names[] = {"state", "x_cache", "B_cache", "dt_cache", "ring", "out"};
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i] == b[i]) << names[i] << " after replay " << replay;
   }
-  std::vector<int32_t> ring(size_t(2 * kSlots));
-  graphed.ring.download(ring.data(), 0, ring.size() * 4);
-  EXPECT_GT(ring[2 * 2], 0) << "slot 2 never flushed: its ring origin did not move";
+  // Row 0 committed 42 tokens into slot 2 (L = 16): its checkpoint must have been rewritten. (Its
+  // ring origin is no witness: it moves by the folded count modulo the ring length.)
+  const std::vector<uint8_t> state_now = graphed.state.download();
+  const size_t slot_bytes = size_t(H * P * N * 4);
+  EXPECT_FALSE(std::equal(state_now.begin() + 2 * slot_bytes, state_now.begin() + 3 * slot_bytes,
+                          initial_state.begin() + 2 * slot_bytes))
+      << "slot 2 never flushed: its checkpoint is unchanged";
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

@@ -18,8 +18,8 @@ namespace {
 
 // The automatic choice keeps whole heads in one CTA (the per-CTA window work is then shared by
 // the most rows) unless that leaves fewer than this many CTAs per SM: at small batch, smaller
-// chunks put the state's loads on more SMs.
-constexpr int64_t kTargetCtasPerSm = 2;
+// chunks put more loads in flight and shorten each CTA's serial work.
+constexpr int64_t kTargetCtasPerSm = 16;
 constexpr int kMaxDevices = 64;
 constexpr int kCursorThreads = 256;
 constexpr int64_t kMaxGridRows = 65535;  // batch rows run along the grid's y axis
@@ -70,19 +70,29 @@ RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
   return ok ? kind : RowLayoutKind::kGeneric;
 }
 
-// head_dim rows per CTA: the head split into the fewest equal chunks the layout holds (more at
-// small batch, or as many as config asks for), rounded up to whole warps.
-int rows_per_cta_for(const Mamba2Params& p, RowLayoutKind kind, const LaunchConfig& config) {
+int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta) {
+  return p.batch * p.nheads * ((p.head_dim + rows_per_cta - 1) / rows_per_cta);
+}
+
+int64_t smem_bytes(const Mamba2Params& p, const ReplayParams* replay, const RowLayout& l,
+                   int64_t rows_per_cta) {
+  const int64_t s = dtype_size(p.state_dtype);
+  return replay ? replay_smem_bytes(rows_per_cta, p.state_dim, s, replay->buffer_len, l.lanes)
+                : baseline_smem_bytes(rows_per_cta, p.state_dim, s);
+}
+
+// head_dim rows per CTA: a multiple of the layout's batch of rows that fits the shared memory.
+int rows_per_cta_for(const Mamba2Params& p, const ReplayParams* replay, RowLayoutKind kind,
+                     const LaunchConfig& config) {
   const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
-  auto chunk_rows = [&](int64_t chunks) { return round_up((p.head_dim + chunks - 1) / chunks, kWarps); };
-  int64_t chunks = (p.head_dim + l.max_rows_per_cta() - 1) / l.max_rows_per_cta();
-  if (config.rows_per_cta > 0) {
-    chunks = std::max(chunks, (p.head_dim + config.rows_per_cta - 1) / config.rows_per_cta);
-  } else {
+  int64_t rows = round_up(std::min<int64_t>(p.head_dim, kMaxRowsPerCta), l.batch_rows);
+  if (config.rows_per_cta > 0) rows = std::min(rows, round_up(config.rows_per_cta, l.batch_rows));
+  auto smaller = [&](int64_t r) { return std::max<int64_t>(l.batch_rows, round_up(r / 2, l.batch_rows)); };
+  while (rows > l.batch_rows && smem_bytes(p, replay, l, rows) > kMaxSharedBytes) rows = smaller(rows);
+  if (config.rows_per_cta <= 0) {
     const int64_t target = kTargetCtasPerSm * sm_count();
-    while (p.batch * p.nheads * chunks < target && chunk_rows(2 * chunks) > kWarps) chunks *= 2;
+    while (rows > l.batch_rows && ctas_for(p, rows) < target) rows = smaller(rows);
   }
-  const int64_t rows = chunk_rows(chunks);
   const int64_t head_ctas = p.nheads * ((p.head_dim + rows - 1) / rows);
   if (p.batch > kMaxGridRows || head_ctas > INT_MAX)
     throw InvalidArgument("replayssm: batch=" + std::to_string(p.batch) + " and nheads=" +
@@ -141,17 +151,17 @@ unsigned cursor_grid(const CursorParams& p) {
 }  // namespace
 
 LaunchConfig auto_launch_config(const Mamba2Params& p) {
-  return LaunchConfig{rows_per_cta_for(p, choose_layout(p, nullptr), LaunchConfig{})};
+  return LaunchConfig{rows_per_cta_for(p, nullptr, choose_layout(p, nullptr), LaunchConfig{})};
 }
 
 LaunchConfig auto_launch_config(const ReplayParams& p) {
-  return LaunchConfig{rows_per_cta_for(p, choose_layout(p, &p), LaunchConfig{})};
+  return LaunchConfig{rows_per_cta_for(p, &p, choose_layout(p, &p), LaunchConfig{})};
 }
 
 void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, void* stream) {
   const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, nullptr);
-  const int rows = rows_per_cta_for(p, kind, config);
+  const int rows = rows_per_cta_for(p, nullptr, kind, config);
   if (p.batch == 0) return;
   launch(p, kind, rows, static_cast<cudaStream_t>(stream));
 }
@@ -159,7 +169,7 @@ void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, v
 void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stream) {
   const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, &p);
-  const int rows = rows_per_cta_for(p, kind, config);
+  const int rows = rows_per_cta_for(p, &p, kind, config);
   if (p.batch == 0) return;
   launch(p, kind, rows, static_cast<cudaStream_t>(stream));
 }

@@ -1,12 +1,11 @@
 // Mamba-2 decode kernels: the baseline selective_state_update and ReplaySSM standard decode,
 // templated on the state type S, the activation type Act and the row layout (row_layout.hpp).
 //
-// One CTA handles one (batch row, head, chunk of head_dim rows). As soon as the row's slot is known
-// its first thread starts the bulk copy of the chunk's state rows into shared memory (one
-// instruction, completing on an mbarrier); the replay then issues every load of its window at once,
-// before the cursor that selects the valid tokens has arrived, so that a CTA waits on about as
-// many memory round trips as the baseline. All arithmetic is fp32 FMA on values widened from their
-// storage type; nothing is rounded to 16 bits before a final store.
+// One CTA handles one (batch row, head, chunk of head_dim rows). Its first thread starts the bulk
+// copy of the chunk's state rows into shared memory (one instruction per chunk, completing on an
+// mbarrier) as soon as the row's slot is known; the CTA's other loads and its window work run while
+// that copy is in flight. All arithmetic is fp32 FMA on values widened from their storage type;
+// nothing is rounded to 16 bits before a final store.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,12 +19,9 @@
 namespace replayssm::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
-
-// Registers are capped so that enough CTAs fit an SM to keep the state's bytes in flight that the
-// bandwidth needs: six whole fp32 heads (32 KiB tiles) fill the shared memory; 16-bit tiles are
-// half as large, so the baseline fits eight and the replay (more registers: its window) six.
-template <typename S> constexpr int baseline_ctas_per_sm() { return sizeof(S) == 4 ? 6 : 8; }
-template <typename S> constexpr int replay_ctas_per_sm() { return 6; }
+// Registers are capped so that this many CTAs fit an SM (80 registers a thread): about as many as
+// the shared memory of a whole-head fp32 tile allows.
+constexpr int kMinCtasPerSm = 6;
 
 // K consecutive elements of T moved as one access (two for 32 bytes).
 template <typename T, int K>
@@ -38,9 +34,8 @@ template <typename T, int K> __device__ __forceinline__ Pack<T, K> load_pack(con
   constexpr int kBytes = int(sizeof(T)) * K;
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i) {
+    for (int i = 0; i < kBytes / 16; ++i)
       reinterpret_cast<uint4*>(&r)[i] = __ldg(reinterpret_cast<const uint4*>(p) + i);
-    }
   } else if constexpr (kBytes == 8) {
     *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
   } else if constexpr (kBytes == 4) {
@@ -119,84 +114,52 @@ template <typename S, RowLayoutKind kKind> struct Layout {
   static constexpr int kVec = kSpec.vec;
   static constexpr int kLanes = kSpec.lanes;
   static constexpr int kVecsPerLane = kSpec.vecs_per_lane;
-  static constexpr int kRowsPerLane = kSpec.rows_per_lane;
-  static constexpr int kRowsPerAccess = kSpec.rows_per_access();
-  // After the transposing reduction each row's sum sits in this many lanes of its group.
-  static constexpr int kLanesPerRowSum = kLanes / kRowsPerLane;
-  // Window tokens whose B_j . C a lane computes at once.
-  static constexpr int kTokensPerLane = kLanes < 4 ? kLanes : 4;
+  static constexpr int kRows = kSpec.rows;
+  static constexpr int kRowGroups = kSpec.row_groups;
+  static constexpr int kBatchRows = kSpec.batch_rows;
+  static constexpr int kCoverN = kSpec.cover_n;
 };
 
-// Where a lane sits: its warp, its row group within a warp access (`sub`) and its place in the
-// group (`part`, which slice of a row it holds).
-struct LanePlace {
-  int warp, sub, part;
-};
-
-template <typename Ly> __device__ __forceinline__ LanePlace lane_place() {
-  const int lane = int(threadIdx.x) % 32;
-  return LanePlace{int(threadIdx.x) / 32, lane / Ly::kLanes, lane % Ly::kLanes};
-}
-
-// First element of a row that this lane reads in access v.
-template <typename Ly> __device__ __forceinline__ int element(int v, int part) {
-  return (v * Ly::kLanes + part) * Ly::kVec;
-}
-
-// Chunk row of the lane's row k; the warp works on rows [warp * rows_per_warp, +rows_per_warp).
-template <typename Ly>
-__device__ __forceinline__ int lane_row(const LanePlace& at, int k, int rows_per_warp) {
-  return at.warp * rows_per_warp + k * Ly::kRowsPerAccess + at.sub;
-}
-
-template <typename Ly>
-__device__ __forceinline__ bool has_row(const LanePlace& at, int k, int rows_per_warp, int rows) {
-  const int in_warp = k * Ly::kRowsPerAccess + at.sub;
-  return in_warp < rows_per_warp && at.warp * rows_per_warp + in_warp < rows;
-}
-
-// Sums value k of every lane over the kLanes lanes of a group, for kCount values at once: each
-// step trades half of the values with the partner lane, so kCount sums take kCount - 1 + log2
-// shuffles instead of kCount log2. Afterwards value 0 of a lane is the partial sum of value
-// folded_index(part) over kLanes / kCount lanes; sum_row_lanes finishes it.
-template <int kOffset, int kHalf, int kCount>
-__device__ __forceinline__ void fold_values(float (&v)[kCount], int part) {
-  if constexpr (kHalf >= 1) {
-    const bool upper = (part & kOffset) != 0;
+// Lane k < kRows of each row group finishes row k of the batch (the reduction left every lane of
+// the group with all kRows sums): out_i = (y_i + D x_i) * silu(z_i), rounded to Act. x and z hold
+// the chunk's rows.
+template <typename Ly, typename Act>
+__device__ __forceinline__ void store_outputs(Act* out, const float (&y)[Ly::kRows], int batch,
+                                              int group, int lane, int rows, float D,
+                                              const float* x, const float* z) {
+  float mine = y[0];
 #pragma unroll
-    for (int i = 0; i < kHalf; ++i) {
-      const float send = upper ? v[i] : v[i + kHalf];
-      const float keep = upper ? v[i + kHalf] : v[i];
-      v[i] = keep + __shfl_xor_sync(kFullMask, send, kOffset);
-    }
-    fold_values<kOffset / 2, kHalf / 2>(v, part);
+  for (int k = 1; k < Ly::kRows; ++k) {
+    if (lane == k) mine = y[k];
+  }
+  const int i = batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
+  if (lane < Ly::kRows && i < rows) {
+    float v = mine + D * x[i];
+    if (z) v *= silu(z[i]);
+    out[i] = from_float<Act>(v);
   }
 }
 
-template <int kLanes, int kCount> __device__ __forceinline__ int folded_index(int part) {
-  int index = 0;
+// Sum over the kLanes lanes of a row group; every lane gets the sum. All 32 lanes must call it.
+template <int kLanes, int kCount> __device__ __forceinline__ void row_group_sums(float (&v)[kCount]) {
 #pragma unroll
-  for (int offset = kLanes / 2, half = kCount / 2; half >= 1; offset /= 2, half /= 2)
-    if (part & offset) index += half;
-  return index;
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) v[k] += __shfl_xor_sync(kFullMask, v[k], offset);
+  }
 }
 
-// Sum over the kLanesPerSum lanes that share a folded value (all 32 lanes call it).
-template <int kLanesPerSum> __device__ __forceinline__ float sum_row_lanes(float v) {
-#pragma unroll
-  for (int offset = kLanesPerSum / 2; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
+template <typename Ly> __device__ __forceinline__ int first_element(int v, int lane) {
+  return (v * Ly::kLanes + lane) * Ly::kVec;
 }
 
-// This lane's slice of an N-vector of type T (B or C) in the state's layout, as stored; zero
-// past N.
+// This lane's slice of an N-vector of type T (B or C), as stored; zero past N.
 template <typename Ly, typename T>
-__device__ __forceinline__ void load_slice_packs(const T* src, int part, int64_t N,
+__device__ __forceinline__ void load_slice_packs(const T* src, int lane, int64_t N,
                                                  Pack<T, Ly::kVec> (&out)[Ly::kVecsPerLane]) {
 #pragma unroll
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = element<Ly>(v, part);
+    const int n = first_element<Ly>(v, lane);
     out[v] = !Ly::kMasked || n < N ? load_pack<T, Ly::kVec>(src + n) : Pack<T, Ly::kVec>{};
   }
 }
@@ -211,28 +174,27 @@ __device__ __forceinline__ void widen_slice(const Pack<T, Ly::kVec> (&in)[Ly::kV
   }
 }
 
+// This lane's slice of an N-vector of type T (B or C), widened; zero past N.
 template <typename Ly, typename T>
-__device__ __forceinline__ void load_slice(const T* src, int part, int64_t N,
+__device__ __forceinline__ void load_slice(const T* src, int lane, int64_t N,
                                            float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
   Pack<T, Ly::kVec> packs[Ly::kVecsPerLane];
-  load_slice_packs<Ly>(src, part, N, packs);
+  load_slice_packs<Ly>(src, lane, N, packs);
   widen_slice<Ly>(packs, out);
 }
 
-template <typename Ly>
-__device__ __forceinline__ float dot_slice(const float (&a)[Ly::kVecsPerLane][Ly::kVec],
-                                           const float (&b)[Ly::kVecsPerLane][Ly::kVec]) {
-  float sum = 0.f;
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-    for (int e = 0; e < Ly::kVec; ++e) sum = fmaf(a[v][e], b[v][e], sum);
-  }
-  return sum;
+// Index, inside its chunk, of row k of batch `batch` of this thread's row group.
+template <typename Ly> __device__ __forceinline__ int chunk_row(int batch, int k, int group) {
+  return batch * Ly::kBatchRows + k * Ly::kRowGroups + group;
+}
+
+// Elements of one state row in the tile (and in the state for the vectorised layouts).
+template <typename Ly> __device__ __forceinline__ int64_t row_elements(int64_t N) {
+  return Ly::kMasked ? N : int64_t(Ly::kCoverN);
 }
 
 // Starts loading the chunk's state rows (rows x N, row stride stride_p) into `tile`: the bulk
-// copy engine for the vectorised layouts (complete after wait_tile), element by element for the
+// copy engine for the vectorised layouts (wait_tile before use), element by element for the
 // generic one (visible after the next __syncthreads).
 template <typename S, typename Ly>
 __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t stride_p,
@@ -243,36 +205,34 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
       const int i = idx / int(N), n = idx - i * int(N);
       tile[idx] = load_one(state + i * stride_p + n);
     }
-  } else if (threadIdx.x == 0) {
-    const unsigned row_bytes = unsigned(N * sizeof(S));
-    barrier_init(barrier);
-    barrier_expect_bytes(barrier, row_bytes * unsigned(rows));
-    if (stride_p == N) {
-      bulk_copy_to_shared(tile, state, row_bytes * unsigned(rows), barrier);
-    } else {
-      for (int i = 0; i < rows; ++i)
-        bulk_copy_to_shared(tile + i * N, state + i * stride_p, row_bytes, barrier);
+  } else {
+    if (threadIdx.x == 0) {
+      const unsigned row_bytes = unsigned(Ly::kCoverN * sizeof(S));
+      barrier_init(barrier);
+      barrier_expect_bytes(barrier, row_bytes * unsigned(rows));
+      if (stride_p == Ly::kCoverN) {
+        bulk_copy_to_shared(tile, state, row_bytes * unsigned(rows), barrier);
+      } else {
+        for (int i = 0; i < rows; ++i)
+          bulk_copy_to_shared(tile + i * Ly::kCoverN, state + i * stride_p, row_bytes, barrier);
+      }
     }
   }
 }
 
-// Thread 0 waits for the tile while the others wait at the CTA barrier (no spinning warps).
 template <typename Ly> __device__ __forceinline__ void wait_tile(uint64_t* barrier) {
-  if constexpr (!Ly::kMasked) {
-    if (threadIdx.x == 0) barrier_wait(barrier, 0);
-  }
-  __syncthreads();
+  if constexpr (!Ly::kMasked) barrier_wait(barrier, 0);
 }
 
-// This lane's slice of chunk row i of the tile, widened (zero where `valid` is false and past N).
+// Row i of the tile, this lane's slice, widened (zero for rows past the chunk and past N).
 template <typename S, typename Ly>
-__device__ __forceinline__ void tile_row(const S* tile, int i, bool valid, int part, int64_t N,
+__device__ __forceinline__ void tile_row(const S* tile, int i, int rows, int lane, int64_t N,
                                          float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-  const S* row = tile + i * N;
+  const S* row = tile + i * row_elements<Ly>(N);
 #pragma unroll
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = element<Ly>(v, part);
-    if (valid && (!Ly::kMasked || n < N)) {
+    const int n = first_element<Ly>(v, lane);
+    if (i < rows && (!Ly::kMasked || n < N)) {
       const Pack<S, Ly::kVec> pk = *reinterpret_cast<const Pack<S, Ly::kVec>*>(row + n);
 #pragma unroll
       for (int e = 0; e < Ly::kVec; ++e) out[v][e] = to_float(pk.v[e]);
@@ -283,43 +243,17 @@ __device__ __forceinline__ void tile_row(const S* tile, int i, bool valid, int p
   }
 }
 
-// The lane's slice of row i of the fp32 work tile (zero where `valid` is false and past N).
-template <typename Ly>
-__device__ __forceinline__ void work_row(const float* work, int i, bool valid, int part, int64_t N,
-                                         float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = element<Ly>(v, part);
-    const bool in = valid && (!Ly::kMasked || n < N);
-#pragma unroll
-    for (int e = 0; e < Ly::kVec; ++e) out[v][e] = in ? work[i * N + n + e] : 0.f;
-  }
-}
-
-template <typename Ly>
-__device__ __forceinline__ void store_work_row(float* work, int i, int part, int64_t N,
-                                               const float (&s)[Ly::kVecsPerLane][Ly::kVec]) {
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = element<Ly>(v, part);
-    if (!Ly::kMasked || n < N) {
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) work[i * N + n + e] = s[v][e];
-    }
-  }
-}
-
 template <typename S, typename Ly>
-__device__ __forceinline__ void store_row(S* row, const float (&s)[Ly::kVecsPerLane][Ly::kVec],
-                                          int part, int64_t N) {
+__device__ __forceinline__ void store_row(S* state_row, const float (&s)[Ly::kVecsPerLane][Ly::kVec],
+                                          int lane, int64_t N) {
 #pragma unroll
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = element<Ly>(v, part);
+    const int n = first_element<Ly>(v, lane);
     if (!Ly::kMasked || n < N) {
       Pack<S, Ly::kVec> pk;
 #pragma unroll
       for (int e = 0; e < Ly::kVec; ++e) pk.v[e] = from_float<S>(s[v][e]);
-      store_pack(row + n, pk);
+      store_pack(state_row + n, pk);
     }
   }
 }
@@ -343,9 +277,8 @@ __device__ __forceinline__ float head_value(const HeadScalar& s, int64_t h, floa
 struct CtaWork {
   int row, head, group;  // group: the head's group of B and C
   int chunk;
-  int first;          // first head_dim row of the chunk
-  int rows;           // head_dim rows in the chunk
-  int rows_per_warp;  // chunk rows each warp holds
+  int first;  // first head_dim row of the chunk
+  int rows;   // head_dim rows in the chunk
 };
 
 __device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_cta) {
@@ -357,91 +290,28 @@ __device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_
   w.row = int(blockIdx.y);
   w.first = w.chunk * rows_per_cta;
   w.rows = min(rows_per_cta, int(p.head_dim) - w.first);
-  w.rows_per_warp = rows_per_cta / kWarps;
   return w;
 }
 
-// The chunk row whose output this lane finishes (after fold_values), and whether it writes it:
-// the first of the lanes that share the row's sum.
-template <typename Ly> struct OutputLane {
-  int row;
-  int share;  // place among the lanes sharing the row's sum
-  bool valid;
-};
-
-template <typename Ly>
-__device__ __forceinline__ OutputLane<Ly> output_lane(const LanePlace& at, const CtaWork& w) {
-  const int k = folded_index<Ly::kLanes, Ly::kRowsPerLane>(at.part);
-  return OutputLane<Ly>{lane_row<Ly>(at, k, w.rows_per_warp),
-                        at.part % Ly::kLanesPerRowSum,
-                        has_row<Ly>(at, k, w.rows_per_warp, w.rows)};
-}
-
-// Rows that form their state start from decay x the tile, as fp32 in the work tile: in place for
-// an fp32 state; a 16-bit tile is widened into the work tile it starts, every lane reading its
-// elements before any lane writes.
-template <typename S, typename Ly>
-__device__ __forceinline__ void widen_tile(const S* tile, float* work, float decay,
-                                           const LanePlace& at, const CtaWork& w, int64_t N) {
-  auto store_scaled = [&](int k, float (&s)[Ly::kVecsPerLane][Ly::kVec]) {
-#pragma unroll
-    for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay;
-    }
-    if (has_row<Ly>(at, k, w.rows_per_warp, w.rows))
-      store_work_row<Ly>(work, lane_row<Ly>(at, k, w.rows_per_warp), at.part, N, s);
-  };
-  if constexpr (sizeof(S) == sizeof(float)) {
-#pragma unroll
-    for (int k = 0; k < Ly::kRowsPerLane; ++k) {
-      float s[Ly::kVecsPerLane][Ly::kVec];
-      work_row<Ly>(work, lane_row<Ly>(at, k, w.rows_per_warp),
-                   has_row<Ly>(at, k, w.rows_per_warp, w.rows), at.part, N, s);
-      store_scaled(k, s);
-    }
-  } else {
-    Pack<S, Ly::kVec> rows[Ly::kRowsPerLane][Ly::kVecsPerLane];
-#pragma unroll
-    for (int k = 0; k < Ly::kRowsPerLane; ++k) {
-      const S* row = tile + lane_row<Ly>(at, k, w.rows_per_warp) * N;
-#pragma unroll
-      for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-        const int n = element<Ly>(v, at.part);
-        rows[k][v] = has_row<Ly>(at, k, w.rows_per_warp, w.rows) && (!Ly::kMasked || n < N)
-                         ? *reinterpret_cast<const Pack<S, Ly::kVec>*>(row + n)
-                         : Pack<S, Ly::kVec>{};
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < Ly::kRowsPerLane; ++k) {
-      float s[Ly::kVecsPerLane][Ly::kVec];
-      widen_slice<Ly>(rows[k], s);
-      store_scaled(k, s);
-    }
-  }
-}
-
-// out_i = (y_i + D x_i) * silu(z_i), rounded to Act, by one lane per row.
-template <typename Act>
-__device__ __forceinline__ void store_output(Act* out, int i, float y, float D, float x, bool gated,
-                                             float z) {
-  float v = fmaf(D, x, y);
-  if (gated) v *= silu(z);
-  out[i] = from_float<Act>(v);
+// Thread 0 waits for the tile while the others wait at the CTA barrier (no spinning warps).
+template <typename Ly> __device__ __forceinline__ void wait_tile_all(uint64_t* barrier) {
+  if (threadIdx.x == 0) wait_tile<Ly>(barrier);
+  __syncthreads();
 }
 
 // Baseline: S = exp(A dt) S + dt x B^T, y = S C; reads and writes the whole state.
 template <typename S, typename Act, RowLayoutKind kKind>
-__global__ void __launch_bounds__(kThreads, baseline_ctas_per_sm<S>())
-    state_update_kernel(const Mamba2Params p, int rows_per_cta) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(const Mamba2Params p,
+                                                                int rows_per_cta) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
-  S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (rows, N)
   const int64_t N = p.state_dim;
-  const LanePlace at = lane_place<Ly>();
+  S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (rows, N)
+  float* x_s = reinterpret_cast<float*>(smem + kTileOffset +
+                                        tile_bytes(rows_per_cta, row_elements<Ly>(N), sizeof(S)));
+  float* z_s = x_s + rows_per_cta;  // (rows)
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
   const int64_t slot = device_slot(p, w.row);
   if (slot < 0) return;
@@ -457,48 +327,46 @@ __global__ void __launch_bounds__(kThreads, baseline_ctas_per_sm<S>())
   const float D = head_value(p.D, w.head, 0.f);
   float b[Ly::kVecsPerLane][Ly::kVec], c[Ly::kVecsPerLane][Ly::kVec];
   load_slice<Ly>(static_cast<const Act*>(p.B) + w.row * p.B_stride_batch + g * p.B_stride_group,
-                 at.part, N, b);
+                 lane, N, b);
   load_slice<Ly>(static_cast<const Act*>(p.C) + w.row * p.C_stride_batch + g * p.C_stride_group,
-                 at.part, N, c);
+                 lane, N, c);
   const Act* x = static_cast<const Act*>(p.x) + w.row * p.x_stride_batch +
                  w.head * p.x_stride_head + w.first;  // (rows)
-  Act x_rows[Ly::kRowsPerLane];
-#pragma unroll
-  for (int k = 0; k < Ly::kRowsPerLane; ++k)
-    x_rows[k] = has_row<Ly>(at, k, w.rows_per_warp, w.rows)
-                    ? load_one(x + lane_row<Ly>(at, k, w.rows_per_warp))
-                    : Act{};
-  const OutputLane<Ly> o = output_lane<Ly>(at, w);
   const bool gated = p.z != nullptr;
-  const float z_out = gated && o.valid ? to_float(load_one(static_cast<const Act*>(p.z) +
-                                                           w.row * p.z_stride_batch +
-                                                           w.head * p.z_stride_head + w.first + o.row))
-                                       : 0.f;
-  const float decay = expf(A * dt);
-  wait_tile<Ly>(barrier);
-
-  float y[Ly::kRowsPerLane];
-#pragma unroll
-  for (int k = 0; k < Ly::kRowsPerLane; ++k) {
-    const int i = lane_row<Ly>(at, k, w.rows_per_warp);
-    const bool valid = has_row<Ly>(at, k, w.rows_per_warp, w.rows);
-    float s[Ly::kVecsPerLane][Ly::kVec];
-    tile_row<S, Ly>(tile, i, valid, at.part, N, s);
-    const float xdt = dt * to_float(x_rows[k]);
-#pragma unroll
-    for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) s[v][e] = fmaf(xdt, b[v][e], decay * s[v][e]);
-    }
-    y[k] = dot_slice<Ly>(s, c);
-    if (valid) store_row<S, Ly>(state + i * p.state_stride_p, s, at.part, N);
+  const Act* z = gated ? static_cast<const Act*>(p.z) + w.row * p.z_stride_batch +
+                             w.head * p.z_stride_head + w.first
+                       : nullptr;  // (rows)
+  for (int i = threadIdx.x; i < w.rows; i += kThreads) {
+    x_s[i] = to_float(load_one(x + i));
+    if (gated) z_s[i] = to_float(load_one(z + i));
   }
-  fold_values<Ly::kLanes / 2, Ly::kRowsPerLane / 2>(y, at.part);
-  const float y_out = sum_row_lanes<Ly::kLanesPerRowSum>(y[0]);
-  if (o.valid && o.share == 0) {
-    Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch +
-               w.head * p.out_stride_head + w.first;  // (rows)
-    store_output(out, o.row, y_out, D, to_float(load_one(x + o.row)), gated, z_out);
+  const float decay = expf(A * dt);
+  wait_tile_all<Ly>(barrier);
+
+  Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + w.head * p.out_stride_head +
+             w.first;  // (rows)
+  const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+  for (int batch = 0; batch < batches; ++batch) {
+    float y[Ly::kRows];
+#pragma unroll
+    for (int k = 0; k < Ly::kRows; ++k) {
+      const int i = chunk_row<Ly>(batch, k, group);
+      float s[Ly::kVecsPerLane][Ly::kVec];
+      tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
+      const float xdt = i < w.rows ? dt * x_s[i] : 0.f;
+      y[k] = 0.f;
+#pragma unroll
+      for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+        for (int e = 0; e < Ly::kVec; ++e) {
+          s[v][e] = fmaf(xdt, b[v][e], decay * s[v][e]);
+          y[k] = fmaf(s[v][e], c[v][e], y[k]);
+        }
+      }
+      if (i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s, lane, N);
+    }
+    row_group_sums<Ly::kLanes>(y);
+    store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s, gated ? z_s : nullptr);
   }
 }
 
@@ -537,87 +405,26 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int cur
   if (lane == 0) window[kDecayOffset] = expf(A * total[0]);
 }
 
-// Rows that form their state: tokens j0 .. j0 + kStage - 1 (< count) of the window into
-// the stage, x widened (token-major, rows_per_cta apart) and B as stored (N apart).
-template <typename Ly, int kStage, typename Act, typename XOf, typename BOf>
-__device__ __forceinline__ void stage_window(int j0, int count, int rows, int rows_per_cta,
-                                             int64_t N, XOf x_of, BOf B_of, float* staged_x,
-                                             Act* staged_B) {
-  const int tokens = min(kStage, count - j0);
-  for (int idx = threadIdx.x; idx < tokens * rows; idx += kThreads) {
-    const int t = idx / rows, i = idx - t * rows;
-    staged_x[t * rows_per_cta + i] = x_of(j0 + t, i);
-  }
-  const int packs = int(N) / Ly::kVec;  // N is a multiple of kVec (1 for the generic layout)
-  for (int idx = threadIdx.x; idx < tokens * packs; idx += kThreads) {
-    const int t = idx / packs, n = (idx - t * packs) * Ly::kVec;
-    *reinterpret_cast<Pack<Act, Ly::kVec>*>(staged_B + t * N + n) =
-        load_pack<Act, Ly::kVec>(B_of(j0 + t) + n);
-  }
-}
-
-// This lane's slice of a staged B row, widened; zero past N.
-template <typename Ly, typename Act>
-__device__ __forceinline__ void staged_slice(const Act* row, int part, int64_t N,
-                                             float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = element<Ly>(v, part);
-    Pack<Act, Ly::kVec> pk{};
-    if (!Ly::kMasked || n < N) pk = *reinterpret_cast<const Pack<Act, Ly::kVec>*>(row + n);
-#pragma unroll
-    for (int e = 0; e < Ly::kVec; ++e) out[v][e] = to_float(pk.v[e]);
-  }
-}
-
-// B_j . C of the window's tokens j < count into window[kBCOffset + j]. The tokens are spread over
-// the warps like state rows, kTokensPerLane a lane; a pass covers kTokensPerPass of them.
-template <typename Ly> constexpr int kTokensPerPass = kWarps * Ly::kTokensPerLane * Ly::kRowsPerAccess;
-
-template <typename Ly>
-__device__ __forceinline__ int pass_token(const LanePlace& at, int base, int k) {
-  return base + (at.warp * Ly::kTokensPerLane + k) * Ly::kRowsPerAccess + at.sub;
-}
-
-template <typename Ly, typename Act>
-__device__ __forceinline__ void pass_bc(const LanePlace& at, int base, int count,
-                                        const Pack<Act, Ly::kVec> (&b_packs)[Ly::kTokensPerLane][Ly::kVecsPerLane],
-                                        const float (&c)[Ly::kVecsPerLane][Ly::kVec],
-                                        float* window) {
-  float bc[Ly::kTokensPerLane];
-#pragma unroll
-  for (int k = 0; k < Ly::kTokensPerLane; ++k) {
-    float b[Ly::kVecsPerLane][Ly::kVec];
-    widen_slice<Ly>(b_packs[k], b);
-    bc[k] = pass_token<Ly>(at, base, k) < count ? dot_slice<Ly>(b, c) : 0.f;
-  }
-  fold_values<Ly::kLanes / 2, Ly::kTokensPerLane / 2>(bc, at.part);
-  constexpr int kLanesPerSum = Ly::kLanes / Ly::kTokensPerLane;
-  const float sum = sum_row_lanes<kLanesPerSum>(bc[0]);
-  const int j = pass_token<Ly>(at, base, folded_index<Ly::kLanes, Ly::kTokensPerLane>(at.part));
-  if (at.part % kLanesPerSum == 0 && j < count) window[kBCOffset + j] = sum;
-}
-
 // ReplaySSM standard decode. The window is the cached history (positions 0 .. cursor-1) plus this
 // step's token at position `cursor`. Flush rows (cursor == L-1) and the state-and-output route
 // form S = decay S0 + sum_j weight_j x_j B_j^T row by row (flush rows store it); the output-only
 // route computes y = decay (S0 C) + sum_j weight_j (B_j . C) x_j without forming S. Non-flush rows
 // append x, B (first head of the group) and the raw dt at position `cursor`.
 template <typename S, typename Act, RowLayoutKind kKind>
-__global__ void __launch_bounds__(kThreads, replay_ctas_per_sm<S>())
-    replay_decode_kernel(const ReplayParams p, int rows_per_cta, bool output_only) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
+                                                                 int rows_per_cta,
+                                                                 bool output_only) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int64_t N = p.state_dim;
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (rows, N)
-  float* work = reinterpret_cast<float*>(smem + kTileOffset);  // (rows, N): the tile, widened
   float* window = reinterpret_cast<float*>(
-      smem + kTileOffset + replay_tile_bytes(rows_per_cta, N, sizeof(S), p.buffer_len));
-  constexpr int kStage = stage_tokens(sizeof(S));
-  float* staged_x = window + kStagedXOffset;  // (kStage, rows_per_cta)
-  Act* staged_B = reinterpret_cast<Act*>(staged_x + kStage * rows_per_cta);  // (kStage, N)
-  const LanePlace at = lane_place<Ly>();
+      smem + kTileOffset + tile_bytes(rows_per_cta, row_elements<Ly>(N), sizeof(S)));
+  float* z_s = window + kWindowZOffset;   // (rows)
+  float* x_s = z_s + rows_per_cta;        // (count, pitch)
+  const int pitch = int(window_pitch(rows_per_cta, Ly::kLanes));
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
   const int64_t slot = device_slot(p, w.row);
   if (slot < 0) return;
@@ -625,11 +432,10 @@ __global__ void __launch_bounds__(kThreads, replay_ctas_per_sm<S>())
              w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
-  // Every load of the window is issued here, together with the cursor: the history positions a
-  // row may need (< L) are read whatever the cursor, and the cursor then selects the valid ones.
   const int64_t g = w.group;
   const int L = int(p.buffer_len);
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
+  // Loads that do not depend on the cursor, in flight together with it.
   const float A = head_value(p.A, w.head, 0.f);
   const float bias = head_value(p.dt_bias, w.head, 0.f);
   const float D = head_value(p.D, w.head, 0.f);
@@ -639,16 +445,15 @@ __global__ void __launch_bounds__(kThreads, replay_ctas_per_sm<S>())
                      g * p.B_stride_group;  // (N)
   float c[Ly::kVecsPerLane][Ly::kVec];
   load_slice<Ly>(static_cast<const Act*>(p.C) + w.row * p.C_stride_batch + g * p.C_stride_group,
-                 at.part, N, c);
+                 lane, N, c);
   const Act* x_now = static_cast<const Act*>(p.x) + w.row * p.x_stride_batch +
                      w.head * p.x_stride_head + w.first;  // (rows)
-  const OutputLane<Ly> o = output_lane<Ly>(at, w);
   const bool gated = p.z != nullptr;
-  const Act x_out = o.valid ? load_one(x_now + o.row) : Act{};
-  const float z_out = gated && o.valid ? to_float(load_one(static_cast<const Act*>(p.z) +
-                                                           w.row * p.z_stride_batch +
-                                                           w.head * p.z_stride_head + w.first + o.row))
-                                       : 0.f;
+  const float z_mine =  // z of chunk row threadIdx.x (rows_per_cta <= kThreads)
+      gated && int(threadIdx.x) < w.rows
+          ? to_float(load_one(static_cast<const Act*>(p.z) + w.row * p.z_stride_batch +
+                              w.head * p.z_stride_head + w.first + threadIdx.x))
+          : 0.f;
   // The first head of a group appends B: elements threadIdx.x and threadIdx.x + kThreads.
   const bool appends_B = w.chunk == 0 && w.head == w.group * int(p.heads_per_group);
   Act B_mine[2];
@@ -656,41 +461,6 @@ __global__ void __launch_bounds__(kThreads, replay_ctas_per_sm<S>())
   for (int h = 0; h < 2; ++h) {
     const int n = threadIdx.x + h * kThreads;
     if (appends_B && n < N) B_mine[h] = load_one(B_now + n);
-  }
-  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
-                w.head * p.xc_stride_head + w.first;  // (L, rows), position stride xc_stride_pos
-  const Act* B_hist = static_cast<const Act*>(p.B_cache) + slot * p.Bc_stride_slot +
-                      g * p.Bc_stride_group;  // (L, N), position stride Bc_stride_pos
-  float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + w.head * p.dtc_stride_head;  // (L)
-  float raw_dt[2] = {raw_dt_now, raw_dt_now};
-  if (threadIdx.x < 32) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = threadIdx.x + 32 * h;
-      if (j < L - 1) raw_dt[h] = __ldg(dt_hist + j);
-    }
-  }
-  // B_j of the first pass of tokens, and this step's B (the token at the cursor).
-  Pack<Act, Ly::kVec> b_packs[Ly::kTokensPerLane][Ly::kVecsPerLane], b_now[Ly::kVecsPerLane];
-  load_slice_packs<Ly>(B_now, at.part, N, b_now);
-#pragma unroll
-  for (int k = 0; k < Ly::kTokensPerLane; ++k) {
-    const int j = pass_token<Ly>(at, 0, k);
-    if (j < L - 1) {
-      load_slice_packs<Ly>(B_hist + j * p.Bc_stride_pos, at.part, N, b_packs[k]);
-    } else {
-#pragma unroll
-      for (int v = 0; v < Ly::kVecsPerLane; ++v) b_packs[k][v] = Pack<Act, Ly::kVec>{};
-    }
-  }
-  // The output lane of row i sums weight_j (B_j . C) x_j[i] over its share of the history tokens,
-  // j = share, share + kLanesPerRowSum, ...; the first ones are loaded now.
-  constexpr int kShareStep = Ly::kLanesPerRowSum, kEarlyTokens = (16 + kShareStep - 1) / kShareStep;
-  Act x_early[kEarlyTokens];
-#pragma unroll
-  for (int u = 0; u < kEarlyTokens; ++u) {
-    const int j = o.share + u * kShareStep;
-    if (o.valid && j < L - 1) x_early[u] = load_one(x_hist + j * p.xc_stride_pos + o.row);
   }
   if (cursor < 0 || cursor >= L) {  // a corrupt cursor: skip the row, touch nothing
     wait_tile<Ly>(barrier);         // (after the copy into this CTA's shared memory has landed)
@@ -700,85 +470,149 @@ __global__ void __launch_bounds__(kThreads, replay_ctas_per_sm<S>())
   const int count = cursor + 1;
   const bool flush = cursor == L - 1;
   const bool form_state = flush || !output_only;
+  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
+                w.head * p.xc_stride_head + w.first;  // (L, rows), position stride xc_stride_pos
+  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
+                g * p.Bc_stride_group;  // (L, N), position stride Bc_stride_pos
+  float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + w.head * p.dtc_stride_head;  // (L)
   auto B_of = [&](int j) { return j < cursor ? B_hist + j * p.Bc_stride_pos : B_now; };
+  // Thread t stages the window's x of chunk row i_x for tokens j_x, j_x + x_step, ...
+  const int x_step = kThreads / rows_per_cta;
+  const int i_x = threadIdx.x % rows_per_cta, j_x = threadIdx.x / rows_per_cta;
+  const bool stages_x = i_x < w.rows && j_x < x_step;
+  auto x_of = [&](int j) {
+    return load_one(j < cursor ? x_hist + j * p.xc_stride_pos + i_x : x_now + i_x);
+  };
+  auto stage_x = [&](int j, Act v) {
+    x_s[j * pitch + i_x] = to_float(v);
+    if (j == cursor && !flush) x_hist[cursor * p.xc_stride_pos + i_x] = v;
+  };
+
+  // The window's loads (raw dt, B_j of the first tokens of each row group, the first x values of
+  // each thread) are all issued before any is used: one memory round trip for windows up to
+  // kEarlyRounds * row_groups tokens and kEarlyX * x_step tokens of x (L = 16 with whole heads of
+  // 64); the loops after them finish longer windows.
+  constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups, kEarlyX = 8;
+  float raw_dt[2] = {raw_dt_now, raw_dt_now};
   if (threadIdx.x < 32) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (int(threadIdx.x) + 32 * h == cursor) raw_dt[h] = raw_dt_now;
+      const int j = threadIdx.x + 32 * h;
+      if (j < cursor) raw_dt[h] = __ldg(dt_hist + j);
     }
+  }
+  Pack<Act, Ly::kVec> b_early[kEarlyRounds][Ly::kVecsPerLane];
+  if (!form_state) {
+#pragma unroll
+    for (int r = 0; r < kEarlyRounds; ++r) {
+      const int j = r * Ly::kRowGroups + group;
+      if (j < count) load_slice_packs<Ly>(B_of(j), lane, N, b_early[r]);
+    }
+  }
+  Act x_early[kEarlyX];
+#pragma unroll
+  for (int u = 0; u < kEarlyX; ++u) {
+    const int j = j_x + u * x_step;
+    if (stages_x && j < count) x_early[u] = x_of(j);
+  }
+
+  if (threadIdx.x < 32) {
     window_weights(raw_dt, cursor, A, bias, p.dt_softplus, window);
     if (threadIdx.x == 0 && !flush && w.chunk == 0) dt_hist[cursor] = raw_dt_now;
   }
+  // B_j . C for every token of the window, one token per row group and round.
   if (!form_state) {
+    float bc[kEarlyRounds];
 #pragma unroll
-    for (int k = 0; k < Ly::kTokensPerLane; ++k) {
-      if (pass_token<Ly>(at, 0, k) == cursor) {
+    for (int r = 0; r < kEarlyRounds; ++r) {
+      float b[Ly::kVecsPerLane][Ly::kVec];
+      widen_slice<Ly>(b_early[r], b);
+      bc[r] = 0.f;
 #pragma unroll
-        for (int v = 0; v < Ly::kVecsPerLane; ++v) b_packs[k][v] = b_now[v];
+      for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+        for (int e = 0; e < Ly::kVec; ++e) bc[r] = fmaf(b[v][e], c[v][e], bc[r]);
       }
     }
-    pass_bc<Ly, Act>(at, 0, count, b_packs, c, window);
-    for (int base = kTokensPerPass<Ly>; base < count; base += kTokensPerPass<Ly>) {
+    row_group_sums<Ly::kLanes>(bc);
 #pragma unroll
-      for (int k = 0; k < Ly::kTokensPerLane; ++k) {
-        const int j = pass_token<Ly>(at, base, k);
-        if (j < count) load_slice_packs<Ly>(B_of(j), at.part, N, b_packs[k]);
-      }
-      pass_bc<Ly, Act>(at, base, count, b_packs, c, window);
+    for (int r = 0; r < kEarlyRounds; ++r) {
+      const int j = r * Ly::kRowGroups + group;
+      if (lane == 0 && j < count) window[kBCOffset + j] = bc[r];
     }
-  }
-  if (!flush) {
-    if (o.valid && o.share == 0) x_hist[cursor * p.xc_stride_pos + o.row] = x_out;
-    if (appends_B) {
-      Act* B_slot = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
-                    g * p.Bc_stride_group + cursor * p.Bc_stride_pos;  // (N)
+    for (int j0 = kEarlyRounds * Ly::kRowGroups; j0 < count; j0 += Ly::kRowGroups) {
+      const int j = j0 + group;
+      float later[1] = {0.f};
+      if (j < count) {
+        float b[Ly::kVecsPerLane][Ly::kVec];
+        load_slice<Ly>(B_of(j), lane, N, b);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int n = threadIdx.x + h * kThreads;
-        if (n < N) B_slot[n] = B_mine[h];
-      }
-    }
-  }
-  auto x_of = [&](int j, int i) {
-    return to_float(load_one(j < cursor ? x_hist + j * p.xc_stride_pos + i : x_now + i));
-  };
-  if (form_state) stage_window<Ly, kStage>(0, count, w.rows, rows_per_cta, N, x_of, B_of, staged_x, staged_B);
-  wait_tile<Ly>(barrier);  // also publishes the window's weights, B_j . C and the first stage
-  const float decay = window[kDecayOffset];
-
-  float y[Ly::kRowsPerLane];
-  if (form_state) {
-    const bool staged_all = count <= kStage;
-    if (!staged_all) widen_tile<S, Ly>(tile, work, decay, at, w, N);
-    for (int j0 = 0; j0 < count; j0 += kStage) {
-      if (j0 > 0) {
-        __syncthreads();  // every lane is done with the previous stage
-        stage_window<Ly, kStage>(j0, count, w.rows, rows_per_cta, N, x_of, B_of, staged_x, staged_B);
-        __syncthreads();
-      }
-      const int tokens = min(kStage, count - j0);
-      const bool last = j0 + kStage >= count;
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
-      for (int k = 0; k < Ly::kRowsPerLane; ++k) {
-        const int i = lane_row<Ly>(at, k, w.rows_per_warp);
-        const bool valid = has_row<Ly>(at, k, w.rows_per_warp, w.rows);
-        float s[Ly::kVecsPerLane][Ly::kVec];
-        if (staged_all) {
-          tile_row<S, Ly>(tile, i, valid, at.part, N, s);
-#pragma unroll
-          for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-            for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay;
-          }
-        } else {
-          work_row<Ly>(work, i, valid, at.part, N, s);
+          for (int e = 0; e < Ly::kVec; ++e) later[0] = fmaf(b[v][e], c[v][e], later[0]);
         }
+      }
+      row_group_sums<Ly::kLanes>(later);
+      if (lane == 0 && j < count) window[kBCOffset + j] = later[0];
+    }
+  }
+  // The window's x for this chunk (widened), appending this step's x to the cache.
 #pragma unroll
-        for (int t = 0; t < kStage; ++t) {
-          if (t < tokens) {
-            const float a = valid ? window[kWeightsOffset + j0 + t] * staged_x[t * rows_per_cta + i] : 0.f;
+  for (int u = 0; u < kEarlyX; ++u) {
+    const int j = j_x + u * x_step;
+    if (stages_x && j < count) stage_x(j, x_early[u]);
+  }
+  if (stages_x) {
+#pragma unroll 4
+    for (int j = j_x + kEarlyX * x_step; j < count; j += x_step) stage_x(j, x_of(j));
+  }
+  if (gated && int(threadIdx.x) < w.rows) z_s[threadIdx.x] = z_mine;
+  if (appends_B && !flush) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = threadIdx.x + h * kThreads;
+      if (n < N) B_hist[cursor * p.Bc_stride_pos + n] = B_mine[h];
+    }
+  }
+  wait_tile_all<Ly>(barrier);
+
+  const float decay = window[kDecayOffset];
+  // Output-only: the history coefficient weight_j (B_j . C) of each token, in place of B_j . C.
+  if (!form_state) {
+    if (int(threadIdx.x) < count) window[kBCOffset + threadIdx.x] *= window[kWeightsOffset + threadIdx.x];
+    __syncthreads();
+  }
+  const float* coef = window + kBCOffset;  // (count), output-only
+  Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + w.head * p.out_stride_head +
+             w.first;  // (rows)
+  const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+  for (int batch = 0; batch < batches; ++batch) {
+    float y[Ly::kRows];
+#pragma unroll
+    for (int k = 0; k < Ly::kRows; ++k) {
+      const int i = chunk_row<Ly>(batch, k, group);
+      float s[Ly::kVecsPerLane][Ly::kVec];
+      tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
+      if (form_state) {  // one row at a time: its state stays in registers across the tokens
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+          for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay;
+        }
+        constexpr int kTokensInFlight = 2;
+        for (int j0 = 0; j0 < count; j0 += kTokensInFlight) {
+          Pack<Act, Ly::kVec> bj[kTokensInFlight][Ly::kVecsPerLane];
+#pragma unroll
+          for (int t = 0; t < kTokensInFlight; ++t) {
+            if (j0 + t < count) load_slice_packs<Ly>(B_of(j0 + t), lane, N, bj[t]);
+          }
+#pragma unroll
+          for (int t = 0; t < kTokensInFlight; ++t) {
+            const int j = j0 + t;
+            if (j >= count) break;
             float b[Ly::kVecsPerLane][Ly::kVec];
-            staged_slice<Ly>(staged_B + t * N, at.part, N, b);
+            widen_slice<Ly>(bj[t], b);
+            const float a = i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f;
 #pragma unroll
             for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
@@ -786,47 +620,29 @@ __global__ void __launch_bounds__(kThreads, replay_ctas_per_sm<S>())
             }
           }
         }
-        if (!last) {
-          if (valid) store_work_row<Ly>(work, i, at.part, N, s);
-        } else {
-          if (flush && valid) store_row<S, Ly>(state + i * p.state_stride_p, s, at.part, N);
-          y[k] = dot_slice<Ly>(s, c);
+        if (flush && i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s, lane, N);
+        y[k] = 0.f;
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+          for (int e = 0; e < Ly::kVec; ++e) y[k] = fmaf(s[v][e], c[v][e], y[k]);
+        }
+      } else {  // output-only: lane l adds the history terms of tokens l, l + kLanes, ...
+        float dot = 0.f;
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+          for (int e = 0; e < Ly::kVec; ++e) dot = fmaf(s[v][e], c[v][e], dot);
+        }
+        y[k] = decay * dot;
+        if (i < w.rows) {
+          for (int j = lane; j < count; j += Ly::kLanes) y[k] = fmaf(coef[j], x_s[j * pitch + i], y[k]);
         }
       }
     }
-    fold_values<Ly::kLanes / 2, Ly::kRowsPerLane / 2>(y, at.part);
-  } else {
-    float history = 0.f;
-    if (o.valid) {
-#pragma unroll
-      for (int u = 0; u < kEarlyTokens; ++u) {
-        const int j = o.share + u * kShareStep;
-        if (j < cursor)
-          history = fmaf(window[kWeightsOffset + j] * window[kBCOffset + j], to_float(x_early[u]),
-                         history);
-      }
-      for (int j = o.share + kEarlyTokens * kShareStep; j < cursor; j += kShareStep)
-        history = fmaf(window[kWeightsOffset + j] * window[kBCOffset + j],
-                       to_float(load_one(x_hist + j * p.xc_stride_pos + o.row)), history);
-      if (o.share == 0)  // this step's token
-        history = fmaf(window[kWeightsOffset + cursor] * window[kBCOffset + cursor],
-                       to_float(x_out), history);
-    }
-#pragma unroll
-    for (int k = 0; k < Ly::kRowsPerLane; ++k) {
-      float s[Ly::kVecsPerLane][Ly::kVec];
-      tile_row<S, Ly>(tile, lane_row<Ly>(at, k, w.rows_per_warp),
-                      has_row<Ly>(at, k, w.rows_per_warp, w.rows), at.part, N, s);
-      y[k] = dot_slice<Ly>(s, c);
-    }
-    fold_values<Ly::kLanes / 2, Ly::kRowsPerLane / 2>(y, at.part);
-    y[0] = fmaf(decay, y[0], history);
-  }
-  const float y_out = sum_row_lanes<Ly::kLanesPerRowSum>(y[0]);
-  if (o.valid && o.share == 0) {
-    Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch +
-               w.head * p.out_stride_head + w.first;  // (rows)
-    store_output(out, o.row, y_out, D, to_float(x_out), gated, z_out);
+    row_group_sums<Ly::kLanes>(y);
+    store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s + cursor * pitch,
+                      gated ? z_s : nullptr);
   }
 }
 

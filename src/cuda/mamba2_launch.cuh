@@ -16,35 +16,50 @@ inline dim3 decode_grid(const Mamba2Params& p, int rows_per_cta) {
 template <typename S, typename Act>
 void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_per_cta,
                          cudaStream_t stream) {
-  void (*kernel)(const Mamba2Params, int) = nullptr;
-  switch (layout) {
-    case RowLayoutKind::kN64: kernel = state_update_kernel<S, Act, RowLayoutKind::kN64>; break;
-    case RowLayoutKind::kN128: kernel = state_update_kernel<S, Act, RowLayoutKind::kN128>; break;
-    case RowLayoutKind::kN256: kernel = state_update_kernel<S, Act, RowLayoutKind::kN256>; break;
-    case RowLayoutKind::kGeneric: kernel = state_update_kernel<S, Act, RowLayoutKind::kGeneric>; break;
-  }
+  const dim3 grid = decode_grid(p, rows_per_cta);
   const size_t smem = size_t(baseline_smem_bytes(rows_per_cta, p.state_dim, sizeof(S)));
-  kernel<<<decode_grid(p, rows_per_cta), kThreads, smem, stream>>>(p, rows_per_cta);
+  switch (layout) {
+    case RowLayoutKind::kN64:
+      state_update_kernel<S, Act, RowLayoutKind::kN64><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+    case RowLayoutKind::kN128:
+      state_update_kernel<S, Act, RowLayoutKind::kN128><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+    case RowLayoutKind::kN256:
+      state_update_kernel<S, Act, RowLayoutKind::kN256><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+    case RowLayoutKind::kGeneric:
+      state_update_kernel<S, Act, RowLayoutKind::kGeneric><<<grid, kThreads, smem, stream>>>(p, rows_per_cta);
+      break;
+  }
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename S, typename Act>
 void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
                           cudaStream_t stream) {
-  void (*kernel)(const ReplayParams, int, bool) = nullptr;
-  switch (layout) {
-    case RowLayoutKind::kN64: kernel = replay_decode_kernel<S, Act, RowLayoutKind::kN64>; break;
-    case RowLayoutKind::kN128: kernel = replay_decode_kernel<S, Act, RowLayoutKind::kN128>; break;
-    case RowLayoutKind::kN256: kernel = replay_decode_kernel<S, Act, RowLayoutKind::kN256>; break;
-    case RowLayoutKind::kGeneric: kernel = replay_decode_kernel<S, Act, RowLayoutKind::kGeneric>; break;
-  }
-  const size_t smem = size_t(
-      replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len, sizeof(Act)));
-  if (smem > size_t(kDefaultSharedBytes))  // long windows of wide 16-bit states
-    REPLAYSSM_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid = decode_grid(p, rows_per_cta);
+  const size_t smem = size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len,
+                                               make_row_layout(sizeof(S), layout).lanes));
   const bool output_only = p.route != ReplayRoute::kStateAndOutput;
-  kernel<<<decode_grid(p, rows_per_cta), kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+  switch (layout) {
+    case RowLayoutKind::kN64:
+      replay_decode_kernel<S, Act, RowLayoutKind::kN64>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+    case RowLayoutKind::kN128:
+      replay_decode_kernel<S, Act, RowLayoutKind::kN128>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+    case RowLayoutKind::kN256:
+      replay_decode_kernel<S, Act, RowLayoutKind::kN256>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+    case RowLayoutKind::kGeneric:
+      replay_decode_kernel<S, Act, RowLayoutKind::kGeneric>
+          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+      break;
+  }
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
 

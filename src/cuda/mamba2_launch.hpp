@@ -9,7 +9,7 @@
 
 namespace replayssm::cuda {
 
-// rows_per_cta is a multiple of kWarps, at most the layout's max_rows_per_cta().
+// rows_per_cta is a multiple of the layout's batch_rows, at most kMaxRowsPerCta.
 template <typename S, typename Act>
 void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_per_cta,
                          cudaStream_t stream);

@@ -1,38 +1,65 @@
-// The shape of a decode CTA: how state rows spread over the lanes of a warp, and the shared memory
-// of the replay. Shared by the kernels (as compile-time constants) and by the host code that picks
-// a launch (at run time).
+// The shape of a decode CTA: how a state row (N values) spreads over its lanes, and its shared
+// memory. Shared by the kernels (as compile-time constants) and by the host code that picks a
+// launch (at run time).
 #pragma once
 
 #include <cstdint>
 
 namespace replayssm::cuda {
 
-constexpr int kThreads = 128;  // threads per CTA of every decode kernel
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxStateDim = 256;  // the widest state row a lane group covers
+constexpr int kThreads = 128;      // threads per CTA of every decode kernel
+constexpr int kMaxStateDim = 256;  // the widest state row a row group covers
+constexpr int kMaxRowsPerCta = 128;  // at most kThreads: the replay gives each chunk row a thread
+static_assert(kMaxRowsPerCta <= kThreads, "one thread per chunk row");
 constexpr int kMaxBufferLen = 64;
+constexpr int64_t kMaxSharedBytes = 48 * 1024;  // the default limit of dynamic shared memory
+
+// Shared memory of a decode CTA: an mbarrier, then the chunk's state tile (rows_per_cta x N
+// elements of the state type, 16-byte aligned for the bulk copy engine), then floats: for the
+// baseline x and z of the chunk's rows; for the replay the window's weights and B_j . C (one per
+// token), the checkpoint decay, z, and the window's x (L x window_pitch floats).
+constexpr int64_t kTileOffset = 128;  // bytes
+constexpr int kWeightsOffset = 0;     // floats, from the end of the tile
+constexpr int kBCOffset = kMaxBufferLen;
+constexpr int kDecayOffset = 2 * kMaxBufferLen;
+constexpr int kWindowZOffset = 2 * kMaxBufferLen + 4;
+
+constexpr int64_t tile_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
+  return (rows_per_cta * state_dim * state_bytes + 15) / 16 * 16;
+}
+// Floats between two tokens of the window's x: rows_per_cta rounded up to the 32 banks, plus the
+// row groups of a warp, so that the lanes of a warp reading x_j[i] (j = lane of the row group,
+// i = row of the group) hit distinct banks.
+constexpr int64_t window_pitch(int64_t rows_per_cta, int64_t lanes) {
+  return (rows_per_cta + 31) / 32 * 32 + 32 / lanes;
+}
+constexpr int64_t baseline_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
+  return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes) + 2 * rows_per_cta * 4;
+}
+constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
+                                    int64_t buffer_len, int64_t lanes) {
+  return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes) +
+         (kWindowZOffset + rows_per_cta + buffer_len * window_pitch(rows_per_cta, lanes)) * 4;
+}
 
 // The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any
 // N <= kMaxStateDim with scalar accesses (unaligned tensors, other state dims).
 enum class RowLayoutKind { kN64, kN128, kN256, kGeneric };
 
-// A group of `lanes` consecutive lanes shares one state row: lane l of the group reads the
-// accesses l, l + lanes, ... of `vec` elements each (16 bytes), so one warp access reads
-// 32 / lanes whole consecutive rows of the shared-memory tile, 512 contiguous bytes. Each lane
-// works on `rows_per_lane` rows (as many as 64 registers of state would hold); their dot products
-// are summed by a transposing reduction that leaves each row's sum in lanes / rows_per_lane lanes
-// of its group.
+// A "row group" of `lanes` consecutive lanes owns one state row at a time: lane l holds the
+// vectors l, l + lanes, ... of `vec` elements each. The vectorised layouts give each lane up to 4
+// vectors (64 bytes) of a row, with at least 8 lanes per row so that a quarter warp reads 128
+// contiguous bytes of the tile (no bank conflict): every row then pays its few-level shuffle
+// reduction and its output epilogue over enough elements. Each thread works on `rows` rows at a
+// time, for independent reductions; lane k < rows of a row group writes the output of row k.
 struct RowLayout {
   int vec = 1;            // elements per access
-  int lanes = 32;         // lanes per row (a power of two, 8 to 32)
+  int lanes = 32;         // lanes per row group (a power of two, 8 to 32)
   int vecs_per_lane = 1;  // accesses per lane per row
-  int rows_per_lane = 1;  // rows a lane works on (a power of two, at most `lanes`)
-  int cover_n = kMaxStateDim;  // state values one row's lanes cover
-
-  constexpr int rows_per_access() const { return 32 / lanes; }
-  // The most chunk rows one warp works on, and so one CTA.
-  constexpr int max_rows_per_warp() const { return rows_per_lane * rows_per_access(); }
-  constexpr int max_rows_per_cta() const { return kWarps * max_rows_per_warp(); }
+  int rows = 1;           // rows per thread per batch
+  int row_groups = kThreads / 32;
+  int batch_rows = kThreads / 32;  // rows per CTA per batch: rows * row_groups
+  int cover_n = kMaxStateDim;      // state values one row group covers
 };
 
 constexpr RowLayout make_row_layout(int state_bytes, RowLayoutKind kind) {
@@ -42,52 +69,18 @@ constexpr RowLayout make_row_layout(int state_bytes, RowLayoutKind kind) {
     l.lanes = 32;
     l.cover_n = kMaxStateDim;
     l.vecs_per_lane = l.cover_n / l.lanes;
-    l.rows_per_lane = 4;
-    return l;
+    l.rows = 1;
+  } else {
+    l.cover_n = kind == RowLayoutKind::kN64 ? 64 : kind == RowLayoutKind::kN128 ? 128 : 256;
+    l.vec = 16 / state_bytes;
+    const int vectors = l.cover_n / l.vec;
+    l.vecs_per_lane = vectors / 8 < 1 ? 1 : vectors / 8 > 4 ? 4 : vectors / 8;
+    l.lanes = vectors / l.vecs_per_lane;
+    l.rows = l.vecs_per_lane * l.vec <= 16 ? 2 : 1;  // at most 32 state values a thread
   }
-  l.cover_n = kind == RowLayoutKind::kN64 ? 64 : kind == RowLayoutKind::kN128 ? 128 : 256;
-  l.vec = 16 / state_bytes;
-  const int accesses = l.cover_n / l.vec;  // 16-byte accesses per row
-  l.vecs_per_lane = accesses > 32 ? accesses / 32 : 1;
-  l.lanes = accesses / l.vecs_per_lane;
-  const int register_rows = 16 / l.vecs_per_lane;  // 16 accesses = 64 registers
-  const int rows = state_bytes == 4 ? register_rows : register_rows / 2;  // 16-bit: widened x2
-  l.rows_per_lane = rows < l.lanes ? rows : l.lanes;
+  l.row_groups = kThreads / l.lanes;
+  l.batch_rows = l.rows * l.row_groups;
   return l;
-}
-
-// Shared memory of a decode CTA: an mbarrier, then the chunk's state tile (rows_per_cta rows of N
-// values of the state type, 16-byte aligned for the bulk copy engine). Then, for the replay, the
-// window's weights, B_j . C per token and the checkpoint decay, and the stage where rows that form
-// their state put stage_tokens() tokens of the window at a time: x (floats, token-major) and B (as
-// stored). Windows longer than a stage keep the partial state in fp32 between stages, in the tile
-// itself: the replay sizes the tile for fp32 values when L > stage_tokens(). A stage holds 16
-// tokens for a 16-bit state (windows up to 16 then never widen the tile) and 8 for an fp32 one (so
-// that six 32 KiB tiles still fit an SM).
-constexpr int64_t kDefaultSharedBytes = 48 * 1024;  // more needs an opt-in per kernel
-constexpr int64_t kTileOffset = 128;                // bytes
-constexpr int kWeightsOffset = 0;     // floats, from the end of the tile
-constexpr int kBCOffset = kMaxBufferLen;
-constexpr int kDecayOffset = 2 * kMaxBufferLen;
-constexpr int kStagedXOffset = 2 * kMaxBufferLen + 4;
-constexpr int kMaxStageTokens = 16;
-constexpr int stage_tokens(int64_t state_bytes) { return state_bytes == 4 ? 8 : kMaxStageTokens; }
-
-constexpr int64_t tile_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
-  return (rows_per_cta * state_dim * state_bytes + 15) / 16 * 16;
-}
-constexpr int64_t baseline_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
-  return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes);
-}
-constexpr int64_t replay_tile_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
-                                    int64_t buffer_len) {
-  return tile_bytes(rows_per_cta, state_dim, buffer_len > stage_tokens(state_bytes) ? 4 : state_bytes);
-}
-constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
-                                    int64_t buffer_len, int64_t act_bytes) {
-  return kTileOffset + replay_tile_bytes(rows_per_cta, state_dim, state_bytes, buffer_len) +
-         (kStagedXOffset + stage_tokens(state_bytes) * rows_per_cta) * 4 +
-         stage_tokens(state_bytes) * state_dim * act_bytes;
 }
 
 }  // namespace replayssm::cuda
