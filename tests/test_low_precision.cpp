@@ -166,10 +166,6 @@ class ExactFlushTest : public ::testing::TestWithParam<std::tuple<FlushCase, Bac
 TEST_P(ExactFlushTest, StoresTheRoundingRulesOfTheExactState) {
   const auto [c, backend] = GetParam();
   REPLAYSSM_SKIP_IF_UNAVAILABLE(backend);
-  if (!supports_low_precision_checkpoints(backend))
-    GTEST_SKIP() << "the " << backend_name(backend)
-                 << " backend does not implement 8-bit checkpoints and stochastic rounding yet "
-                    "(supports_low_precision_checkpoints)";
   const ExactFlush f(c.state_dtype);
   const FlushResult expected = expected_flush(f, c.stochastic);
   const FlushResult actual = run_flush(f, backend, c.stochastic);
@@ -201,28 +197,6 @@ INSTANTIATE_TEST_SUITE_P(
                                          FlushCase{DType::kFloat8E4M3, false}, FlushCase{DType::kFloat8E4M3, true}),
                        ::testing::Values(Backend::kReference, Backend::kCpu, Backend::kCuda)),
     flush_case_name);
-
-// Until its kernels implement them, the CUDA backend refuses 8-bit checkpoints and stochastic
-// rounding with a clear error, before writing anything.
-TEST(LowPrecisionSupport, CudaRefusesWhatItDoesNotImplement) {
-  REPLAYSSM_SKIP_IF_UNAVAILABLE(Backend::kCuda);
-  if (supports_low_precision_checkpoints(Backend::kCuda))
-    GTEST_SKIP() << "the CUDA backend implements low-precision checkpoints";
-  const ExactFlush f(DType::kInt8);
-  try {
-    run_flush(f, Backend::kCuda, false);
-    ADD_FAILURE() << "no exception";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("the cuda backend does not support checkpoints of dtype int8 yet"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
-TEST(LowPrecisionSupport, ReferenceAndCpuImplementIt) {
-  EXPECT_TRUE(supports_low_precision_checkpoints(Backend::kReference));
-  EXPECT_TRUE(supports_low_precision_checkpoints(Backend::kCpu));
-}
 
 }  // namespace
 }  // namespace replayssm::test

@@ -185,11 +185,6 @@ class RolloutTest : public ::testing::TestWithParam<RolloutConfig> {};
 TEST_P(RolloutTest, MatchesOracle) {
   const RolloutConfig& c = GetParam();
   REPLAYSSM_SKIP_IF_UNAVAILABLE(c.backend);
-  if ((c.stochastic_rounding || is_scaled_checkpoint(c.state_dtype)) &&
-      !supports_low_precision_checkpoints(c.backend))
-    GTEST_SKIP() << "the " << backend_name(c.backend)
-                 << " backend does not implement 8-bit checkpoints and stochastic rounding yet "
-                    "(supports_low_precision_checkpoints)";
   Rollout rollout(c);
   rollout.run();
   const Report& r = rollout.report();

@@ -85,10 +85,6 @@ struct ReplayCache {
   TensorView flush_counts;   // (slots) int32, flushes per slot: required iff stochastic_rounding
 };
 
-// Whether `backend` implements 8-bit checkpoints and stochastic rounding (the reference and CPU
-// backends do; replay_decode rejects them on a backend that does not).
-bool supports_low_precision_checkpoints(Backend backend);
-
 // How a non-flush step computes its output. Flush steps always form the state.
 enum class ReplayRoute : int32_t {
   kAuto,            // the backend picks the faster one for the configuration

@@ -28,15 +28,7 @@ void replay_reset(const CursorParams&, void*) { unavailable(); }
 }  // namespace device
 #endif
 
-// The one switch for the CUDA backend's support of 8-bit checkpoints and stochastic rounding
-// (the formats' math is ready for its kernels in common/rounding.hpp).
-constexpr bool kCudaLowPrecisionCheckpoints = false;
-
 }  // namespace
-
-bool supports_low_precision_checkpoints(Backend backend) {
-  return backend != Backend::kCuda || kCudaLowPrecisionCheckpoints;
-}
 
 void selective_state_update(const TensorView& state, const Mamba2Step& step,
                             const ExecOptions& options) {
@@ -53,12 +45,6 @@ void replay_decode(const ReplayCache& cache, const Mamba2Step& step, ReplayRoute
                    const ExecOptions& options) {
   const Backend backend = resolve_backend(options.backend, cache.state.device);
   const ReplayParams p = validate_replay_decode(cache, step, route, backend);
-  if ((p.stochastic_rounding || is_scaled_checkpoint(p.state_dtype)) &&
-      !supports_low_precision_checkpoints(backend))
-    throw InvalidArgument(std::string("replayssm: the ") + backend_name(backend) +
-                          " backend does not support " +
-                          (p.stochastic_rounding ? "stochastic_rounding" : "checkpoints of dtype ") +
-                          (p.stochastic_rounding ? "" : dtype_name(p.state_dtype)) + " yet");
   switch (backend) {
     case Backend::kReference: return reference::replay_decode(p);
     case Backend::kCuda: return device::replay_decode(p, options.cuda_stream);

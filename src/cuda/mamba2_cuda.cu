@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "cuda/check.hpp"
 #include "cuda/mamba2_launch.hpp"
@@ -60,7 +61,7 @@ RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
   if (kind == RowLayoutKind::kGeneric) return kind;
   // 16-byte state accesses; B and C slices of the same number of elements.
   const int64_t s = dtype_size(p.state_dtype), a = dtype_size(p.act_dtype);
-  const int64_t act_alignment = std::min<int64_t>(16, 16 / s * a);
+  const int64_t act_alignment = std::min<int64_t>(16, make_row_layout(int(s), kind).vec * a);
   bool ok = aligned(p.state, s, 16, {p.state_stride_slot, p.state_stride_head, p.state_stride_p}) &&
             aligned(p.B, a, act_alignment, {p.B_stride_batch, p.B_stride_group}) &&
             aligned(p.C, a, act_alignment, {p.C_stride_batch, p.C_stride_group});
@@ -123,8 +124,26 @@ void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, cudaStream_t 
   switch (p.state_dtype) {
     case DType::kFloat16: return with_act(Half{});
     case DType::kBFloat16: return with_act(BFloat16{});
+    case DType::kInt8:  // 8-bit checkpoints: replay only (validation refuses them elsewhere)
+      if constexpr (std::is_same_v<Params, ReplayParams>) return with_act(Int8{});
+      break;
+    case DType::kFloat8E4M3:
+      if constexpr (std::is_same_v<Params, ReplayParams>) return with_act(Float8E4M3{});
+      break;
     default: return with_act(float{});
   }
+}
+
+// Stochastic rounding: each flush row counts its flush once every head of the row has drawn its
+// bits from the old count (a kernel of its own, after the decode kernel).
+__global__ void count_flushes_kernel(const ReplayParams p) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= p.batch) return;
+  const int64_t slot = p.state_batch_indices ? p.state_batch_indices[row * p.state_batch_indices_stride] : row;
+  if ((p.state_batch_indices && slot == p.pad_slot_id) || slot < 0 || slot >= p.slots) return;
+  if (p.cursors[slot * p.cursors_stride] != p.buffer_len - 1) return;
+  int32_t* count = p.flush_counts + slot * p.flush_counts_stride;
+  *count = int32_t(uint32_t(*count) + 1u);  // wraps: the key only needs to differ between flushes
 }
 
 __global__ void advance_kernel(const CursorParams p) {
@@ -172,6 +191,11 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   const int rows = rows_per_cta_for(p, &p, kind, config);
   if (p.batch == 0) return;
   launch(p, kind, rows, static_cast<cudaStream_t>(stream));
+  if (p.stochastic_rounding) {
+    const unsigned blocks = unsigned((p.batch + kCursorThreads - 1) / kCursorThreads);
+    count_flushes_kernel<<<blocks, kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 void selective_state_update(const Mamba2Params& p, void* stream) {

@@ -14,6 +14,7 @@
 
 #include "api/params.hpp"
 #include "common/mamba2_math.hpp"
+#include "common/rounding.hpp"
 #include "cuda/row_layout.hpp"
 
 namespace replayssm::cuda {
@@ -40,9 +41,11 @@ template <typename T, int K> __device__ __forceinline__ Pack<T, K> load_pack(con
     *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
   } else if constexpr (kBytes == 4) {
     *reinterpret_cast<unsigned*>(&r) = __ldg(reinterpret_cast<const unsigned*>(p));
-  } else {
-    static_assert(kBytes == 2, "packs are 2, 4, 8 or a multiple of 16 bytes");
+  } else if constexpr (kBytes == 2) {
     *reinterpret_cast<unsigned short*>(&r) = __ldg(reinterpret_cast<const unsigned short*>(p));
+  } else {
+    static_assert(kBytes == 1, "packs are 1, 2, 4, 8 or a multiple of 16 bytes");
+    *reinterpret_cast<unsigned char*>(&r) = __ldg(reinterpret_cast<const unsigned char*>(p));
   }
   return r;
 }
@@ -57,8 +60,10 @@ template <typename T, int K> __device__ __forceinline__ void store_pack(T* p, co
     *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(&v);
   } else if constexpr (kBytes == 4) {
     *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(&v);
-  } else {
+  } else if constexpr (kBytes == 2) {
     *reinterpret_cast<unsigned short*>(p) = *reinterpret_cast<const unsigned short*>(&v);
+  } else {
+    *reinterpret_cast<unsigned char*>(p) = *reinterpret_cast<const unsigned char*>(&v);
   }
 }
 
@@ -258,6 +263,51 @@ __device__ __forceinline__ void store_row(S* state_row, const float (&s)[Ly::kVe
   }
 }
 
+// A flushed checkpoint row, rounded as common/rounding.hpp says: an 8-bit row gets its scale from
+// its absmax (a max over the row group's lanes) and lane 0 of the group writes it; `stochastic`
+// draws element row_element + n's bits from `random` (row_element: the row's first element in the
+// slot's (H, P, N) checkpoint). Every lane of the warp calls it (`valid`
+// false past the chunk).
+template <typename S, typename Ly>
+__device__ __forceinline__ void store_checkpoint_row(S* state_row, float* scale, bool valid,
+                                                     const float (&s)[Ly::kVecsPerLane][Ly::kVec],
+                                                     int lane, int64_t N, bool stochastic,
+                                                     FlushRandomBits& random,
+                                                     uint32_t row_element) {
+  float row_scale = 0.f;
+  if constexpr (CheckpointFormat<S>::kScaled) {
+    float absmax = 0.f;
+#pragma unroll
+    for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; ++e)
+        if (!Ly::kMasked || first_element<Ly>(v, lane) + e < N) absmax = fmaxf(absmax, fabsf(s[v][e]));
+    }
+#pragma unroll
+    for (int offset = Ly::kLanes / 2; offset > 0; offset /= 2)
+      absmax = fmaxf(absmax, __shfl_xor_sync(kFullMask, absmax, offset));
+    row_scale = checkpoint_scale<S>(absmax);
+    if (valid && lane == 0) *scale = row_scale;
+  }
+  if (!valid) return;
+#pragma unroll
+  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+    const int n = first_element<Ly>(v, lane);
+    if (!Ly::kMasked || n < N) {
+      Pack<S, Ly::kVec> pk;
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; ++e) {
+        const uint32_t bits = stochastic ? random(row_element + uint32_t(n + e)) : 0u;
+        if constexpr (CheckpointFormat<S>::kScaled)
+          pk.v[e] = quantise<S>(s[v][e], row_scale, stochastic, bits);
+        else
+          pk.v[e] = round_checkpoint<S>(s[v][e], stochastic, bits);
+      }
+      store_pack(state_row + n, pk);
+    }
+  }
+}
+
 // Slot of batch row `row` on the device, or -1 when the row is skipped (pad or out of range).
 __device__ __forceinline__ int64_t device_slot(const Mamba2Params& p, int64_t row) {
   const int64_t slot =
@@ -421,8 +471,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (rows, N)
   float* window = reinterpret_cast<float*>(
       smem + kTileOffset + tile_bytes(rows_per_cta, row_elements<Ly>(N), sizeof(S)));
-  float* z_s = window + kWindowZOffset;   // (rows)
-  float* x_s = z_s + rows_per_cta;        // (count, pitch)
+  float* z_s = window + kWindowZOffset;     // (rows)
+  float* scale_s = z_s + rows_per_cta;      // (rows): an 8-bit checkpoint's row scales
+  float* x_s = scale_s + rows_per_cta;      // (count, pitch)
   const int pitch = int(window_pitch(rows_per_cta, Ly::kLanes));
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
@@ -454,6 +505,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
           ? to_float(load_one(static_cast<const Act*>(p.z) + w.row * p.z_stride_batch +
                               w.head * p.z_stride_head + w.first + threadIdx.x))
           : 0.f;
+  float* scale = CheckpointFormat<S>::kScaled
+                     ? p.state_scale + slot * p.scale_stride_slot + w.head * p.scale_stride_head + w.first
+                     : nullptr;  // (rows)
+  const float scale_mine =  // the row scale of chunk row threadIdx.x
+      CheckpointFormat<S>::kScaled && int(threadIdx.x) < w.rows ? scale[threadIdx.x] : 1.f;
   // The first head of a group appends B: elements threadIdx.x and threadIdx.x + kThreads.
   const bool appends_B = w.chunk == 0 && w.head == w.group * int(p.heads_per_group);
   Act B_mine[2];
@@ -567,6 +623,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     for (int j = j_x + kEarlyX * x_step; j < count; j += x_step) stage_x(j, x_of(j));
   }
   if (gated && int(threadIdx.x) < w.rows) z_s[threadIdx.x] = z_mine;
+  if (CheckpointFormat<S>::kScaled && int(threadIdx.x) < w.rows) scale_s[threadIdx.x] = scale_mine;
   if (appends_B && !flush) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -583,6 +640,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     __syncthreads();
   }
   const float* coef = window + kBCOffset;  // (count), output-only
+  // Stochastic rounding of a flush: this slot's bits for its current flush count.
+  FlushRandomBits random(0, 0, 0, 0);
+  if (flush && p.stochastic_rounding)
+    random = FlushRandomBits(uint32_t(load_one(p.rounding_seed)),
+                             uint32_t(load_one(p.rounding_seed + p.rounding_seed_stride)), uint32_t(slot),
+                             uint32_t(load_one(p.flush_counts + slot * p.flush_counts_stride)));
+  auto row_scale = [&](int i) { return CheckpointFormat<S>::kScaled && i < w.rows ? scale_s[i] : 1.f; };
   Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + w.head * p.out_stride_head +
              w.first;  // (rows)
   const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
@@ -597,7 +661,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
 #pragma unroll
         for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay;
+          for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay * row_scale(i);
         }
         constexpr int kTokensInFlight = 2;
         for (int j0 = 0; j0 < count; j0 += kTokensInFlight) {
@@ -620,7 +684,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
             }
           }
         }
-        if (flush && i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s, lane, N);
+        if (flush)
+          store_checkpoint_row<S, Ly>(state + i * p.state_stride_p, scale ? scale + i : nullptr,
+                                      i < w.rows, s, lane, N, p.stochastic_rounding, random,
+                                      uint32_t((w.head * p.head_dim + w.first + i) * N));
         y[k] = 0.f;
 #pragma unroll
         for (int v = 0; v < Ly::kVecsPerLane; ++v) {
@@ -634,7 +701,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
 #pragma unroll
           for (int e = 0; e < Ly::kVec; ++e) dot = fmaf(s[v][e], c[v][e], dot);
         }
-        y[k] = decay * dot;
+        y[k] = decay * row_scale(i) * dot;
         if (i < w.rows) {
           for (int j = lane; j < count; j += Ly::kLanes) y[k] = fmaf(coef[j], x_s[j * pitch + i], y[k]);
         }

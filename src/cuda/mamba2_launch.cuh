@@ -65,6 +65,16 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
 
 }  // namespace replayssm::cuda
 
+// Instantiates the replay launcher for state type S and every activation type (the 8-bit
+// checkpoint formats have no baseline).
+#define REPLAYSSM_INSTANTIATE_REPLAY_LAUNCHERS(S)                                                \
+  template void replayssm::cuda::launch_replay_decode<S, float>(                                 \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_replay_decode<S, replayssm::Half>(                       \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_replay_decode<S, replayssm::BFloat16>(                   \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t)
+
 // Instantiates both launchers for state type S and every activation type.
 #define REPLAYSSM_INSTANTIATE_LAUNCHERS(S)                                                       \
   template void replayssm::cuda::launch_state_update<S, float>(                                  \
@@ -73,9 +83,4 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
       const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
   template void replayssm::cuda::launch_state_update<S, replayssm::BFloat16>(                    \
       const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
-  template void replayssm::cuda::launch_replay_decode<S, float>(                                 \
-      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
-  template void replayssm::cuda::launch_replay_decode<S, replayssm::Half>(                       \
-      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
-  template void replayssm::cuda::launch_replay_decode<S, replayssm::BFloat16>(                   \
-      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t)
+  REPLAYSSM_INSTANTIATE_REPLAY_LAUNCHERS(S)

@@ -22,7 +22,7 @@ constexpr int64_t kTileOffset = 128;  // bytes
 constexpr int kWeightsOffset = 0;     // floats, from the end of the tile
 constexpr int kBCOffset = kMaxBufferLen;
 constexpr int kDecayOffset = 2 * kMaxBufferLen;
-constexpr int kWindowZOffset = 2 * kMaxBufferLen + 4;
+constexpr int kWindowZOffset = 2 * kMaxBufferLen + 4;  // z (rows), then the row scales (rows)
 
 constexpr int64_t tile_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
   return (rows_per_cta * state_dim * state_bytes + 15) / 16 * 16;
@@ -39,7 +39,7 @@ constexpr int64_t baseline_smem_bytes(int64_t rows_per_cta, int64_t state_dim, i
 constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
                                     int64_t buffer_len, int64_t lanes) {
   return kTileOffset + tile_bytes(rows_per_cta, state_dim, state_bytes) +
-         (kWindowZOffset + rows_per_cta + buffer_len * window_pitch(rows_per_cta, lanes)) * 4;
+         (kWindowZOffset + 2 * rows_per_cta + buffer_len * window_pitch(rows_per_cta, lanes)) * 4;
 }
 
 // The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any
@@ -72,7 +72,7 @@ constexpr RowLayout make_row_layout(int state_bytes, RowLayoutKind kind) {
     l.rows = 1;
   } else {
     l.cover_n = kind == RowLayoutKind::kN64 ? 64 : kind == RowLayoutKind::kN128 ? 128 : 256;
-    l.vec = 16 / state_bytes;
+    l.vec = state_bytes == 1 ? 8 : 16 / state_bytes;  // 8-bit: 8-byte accesses, still 8+ lanes a row
     const int vectors = l.cover_n / l.vec;
     l.vecs_per_lane = vectors / 8 < 1 ? 1 : vectors / 8 > 4 ? 4 : vectors / 8;
     l.lanes = vectors / l.vecs_per_lane;
