@@ -197,4 +197,27 @@ inline void check_slot_values(const int32_t* ids, int64_t stride, int64_t count,
     fail(name, " maps two rows to slot ", *dup, ": rows of one call must use distinct slots");
 }
 
+// An optional (n) int32 list of distinct slot ids (the rows of a cursor or ring update) into the
+// slots of `owner`, the tensor the update writes: absent, the update covers every slot.
+struct SlotIdList {
+  const int32_t* ids = nullptr;  // (count), or nullptr: slot i for i < count
+  int64_t stride = 1;
+  int64_t count = 0;
+};
+
+inline SlotIdList slot_id_list(const TensorView& ids, const char* name, const TensorView& owner,
+                               const char* owner_name, int64_t slots, int64_t pad_slot_id) {
+  SlotIdList list;
+  list.count = slots;
+  if (!ids.defined()) return list;
+  require_rank(ids, name, 1, "(n)");
+  require_dtype(ids, name, DType::kInt32, "slot indices");
+  require_no_aliasing({{&owner, owner_name}}, {{&ids, name}});
+  list.ids = ids.ptr<const int32_t>();
+  list.stride = ids.strides[0];
+  list.count = ids.shape[0];
+  if (host_readable(ids)) check_slot_values(list.ids, list.stride, list.count, slots, pad_slot_id, name, true);
+  return list;
+}
+
 }  // namespace replayssm

@@ -351,17 +351,10 @@ CursorParams cursor_params(const TensorView& cursors, const TensorView& ids, con
   p.cursors_stride = cursors.strides[0];
   p.slots = cursors.shape[0];
   p.pad_slot_id = pad_slot_id;
-  p.count = p.slots;
-  if (ids.defined()) {
-    require_rank(ids, ids_name, 1, "(n)");
-    require_dtype(ids, ids_name, DType::kInt32, "slot indices");
-    require_no_aliasing({{&cursors, "cursors"}}, {{&ids, ids_name}});
-    p.slot_ids = ids.ptr<const int32_t>();
-    p.slot_ids_stride = ids.strides[0];
-    p.count = ids.shape[0];
-    if (host_readable(ids))
-      check_slot_values(p.slot_ids, p.slot_ids_stride, p.count, p.slots, pad_slot_id, ids_name, true);
-  }
+  const SlotIdList list = slot_id_list(ids, ids_name, cursors, "cursors", p.slots, pad_slot_id);
+  p.slot_ids = list.ids;
+  p.slot_ids_stride = list.stride;
+  p.count = list.count;
   return p;
 }
 
