@@ -1,8 +1,6 @@
 // The public entry points: validate, then hand the flattened call to the chosen backend.
 #include "replayssm/mamba2.hpp"
 
-#include <string>
-
 #include "api/validate.hpp"
 #include "cpu/mamba2_cpu.hpp"
 #include "reference/mamba2_reference.hpp"
