@@ -179,6 +179,45 @@ inline void require_no_aliasing(const std::vector<std::pair<const TensorView*, c
 
 inline bool host_readable(const TensorView& t) { return t.defined() && t.device.type == DeviceType::kCpu; }
 
+// The input caches of a slot (x, B and raw dt at `positions` positions each, the buffer of
+// standard decode or the ring of speculative decoding): ranks, sizes, dtypes, contiguity.
+// `axis` names the position axis in the layouts ("L" or "R"), `positions_from` where its size
+// comes from, `ngroups_from` where the number of groups does.
+struct InputCacheShape {
+  int64_t slots, nheads, head_dim, ngroups, state_dim, positions;
+  DType act_dtype;
+  const char* axis;
+  const char* positions_from;
+  const char* ngroups_from;
+};
+
+inline void require_input_caches(const TensorView& x_cache, const TensorView& B_cache,
+                                 const TensorView& dt_cache, const InputCacheShape& s) {
+  const std::string axis = s.axis;
+  require_rank(x_cache, "x_cache", 4, ("(slots, nheads, " + axis + ", head_dim)").c_str());
+  require_size(x_cache, "x_cache", 0, s.slots, "slots (state.size(0))");
+  require_size(x_cache, "x_cache", 1, s.nheads, "nheads");
+  require_size(x_cache, "x_cache", 2, s.positions, s.positions_from);
+  require_size(x_cache, "x_cache", 3, s.head_dim, "head_dim");
+  require_dtype(x_cache, "x_cache", s.act_dtype, "the dtype of x");
+  require_last_contiguous(x_cache, "x_cache");
+
+  require_rank(B_cache, "B_cache", 4, ("(slots, ngroups, " + axis + ", state_dim)").c_str());
+  require_size(B_cache, "B_cache", 0, s.slots, "slots (state.size(0))");
+  require_size(B_cache, "B_cache", 1, s.ngroups, s.ngroups_from);
+  require_size(B_cache, "B_cache", 2, s.positions, s.positions_from);
+  require_size(B_cache, "B_cache", 3, s.state_dim, "state_dim");
+  require_dtype(B_cache, "B_cache", s.act_dtype, "the dtype of x");
+  require_last_contiguous(B_cache, "B_cache");
+
+  require_rank(dt_cache, "dt_cache", 3, ("(slots, nheads, " + axis + ")").c_str());
+  require_size(dt_cache, "dt_cache", 0, s.slots, "slots (state.size(0))");
+  require_size(dt_cache, "dt_cache", 1, s.nheads, "nheads");
+  require_size(dt_cache, "dt_cache", 2, s.positions, s.positions_from);
+  require_dtype(dt_cache, "dt_cache", DType::kFloat32, "raw dt widened to float32");
+  require_last_contiguous(dt_cache, "dt_cache");
+}
+
 // Slot indices live on the host for CPU backends: check them before anything is written.
 inline void check_slot_values(const int32_t* ids, int64_t stride, int64_t count, int64_t slots,
                               int64_t pad_slot_id, const char* name, bool unique) {

@@ -278,26 +278,9 @@ ReplayParams validate_replay_decode(const ReplayCache& c, const Mamba2Step& s, R
   if (p.buffer_len < 1 || p.buffer_len > kMaxBufferLen)
     fail("x_cache.size(2)=", p.buffer_len, " (L, the buffer length) must be in [1, ", kMaxBufferLen,
          "]");
-  require_size(c.x_cache, "x_cache", 0, p.slots, "slots (state.size(0))");
-  require_size(c.x_cache, "x_cache", 1, p.nheads, "nheads");
-  require_size(c.x_cache, "x_cache", 3, p.head_dim, "head_dim");
-  require_dtype(c.x_cache, "x_cache", p.act_dtype, "the dtype of x");
-  require_last_contiguous(c.x_cache, "x_cache");
-
-  require_rank(c.B_cache, "B_cache", 4, "(slots, ngroups, L, state_dim)");
-  require_size(c.B_cache, "B_cache", 0, p.slots, "slots (state.size(0))");
-  require_size(c.B_cache, "B_cache", 1, p.ngroups, "ngroups (B.size(1))");
-  require_size(c.B_cache, "B_cache", 2, p.buffer_len, "L (x_cache.size(2))");
-  require_size(c.B_cache, "B_cache", 3, p.state_dim, "state_dim");
-  require_dtype(c.B_cache, "B_cache", p.act_dtype, "the dtype of x");
-  require_last_contiguous(c.B_cache, "B_cache");
-
-  require_rank(c.dt_cache, "dt_cache", 3, "(slots, nheads, L)");
-  require_size(c.dt_cache, "dt_cache", 0, p.slots, "slots (state.size(0))");
-  require_size(c.dt_cache, "dt_cache", 1, p.nheads, "nheads");
-  require_size(c.dt_cache, "dt_cache", 2, p.buffer_len, "L (x_cache.size(2))");
-  require_dtype(c.dt_cache, "dt_cache", DType::kFloat32, "raw dt widened to float32");
-  require_last_contiguous(c.dt_cache, "dt_cache");
+  require_input_caches(c.x_cache, c.B_cache, c.dt_cache,
+                       {p.slots, p.nheads, p.head_dim, p.ngroups, p.state_dim, p.buffer_len, p.act_dtype,
+                        "L", "L (x_cache.size(2))", "ngroups (B.size(1))"});
 
   require_rank(c.cursors, "cursors", 1, "(slots)");
   require_size(c.cursors, "cursors", 0, p.slots, "slots (state.size(0))");

@@ -268,28 +268,9 @@ SpecVerifyParams validate_spec_verify(const SpecCache& c, const Mamba2Window& w,
     same_device_as_state(*t, name);
   }
 
-  require_rank(c.x_cache, "x_cache", 4, "(slots, nheads, R, head_dim)");
-  require_size(c.x_cache, "x_cache", 0, p.slots, "slots (state.size(0))");
-  require_size(c.x_cache, "x_cache", 1, p.nheads, "nheads");
-  require_size(c.x_cache, "x_cache", 2, p.ring_len, "R (spec_ring_len(L, T))");
-  require_size(c.x_cache, "x_cache", 3, p.head_dim, "head_dim");
-  require_dtype(c.x_cache, "x_cache", p.act_dtype, "the dtype of x");
-  require_last_contiguous(c.x_cache, "x_cache");
-
-  require_rank(c.B_cache, "B_cache", 4, "(slots, ngroups, R, state_dim)");
-  require_size(c.B_cache, "B_cache", 0, p.slots, "slots (state.size(0))");
-  require_size(c.B_cache, "B_cache", 1, p.ngroups, "ngroups (B.size(2))");
-  require_size(c.B_cache, "B_cache", 2, p.ring_len, "R (spec_ring_len(L, T))");
-  require_size(c.B_cache, "B_cache", 3, p.state_dim, "state_dim");
-  require_dtype(c.B_cache, "B_cache", p.act_dtype, "the dtype of x");
-  require_last_contiguous(c.B_cache, "B_cache");
-
-  require_rank(c.dt_cache, "dt_cache", 3, "(slots, nheads, R)");
-  require_size(c.dt_cache, "dt_cache", 0, p.slots, "slots (state.size(0))");
-  require_size(c.dt_cache, "dt_cache", 1, p.nheads, "nheads");
-  require_size(c.dt_cache, "dt_cache", 2, p.ring_len, "R (spec_ring_len(L, T))");
-  require_dtype(c.dt_cache, "dt_cache", DType::kFloat32, "raw dt widened to float32");
-  require_last_contiguous(c.dt_cache, "dt_cache");
+  require_input_caches(c.x_cache, c.B_cache, c.dt_cache,
+                       {p.slots, p.nheads, p.head_dim, p.ngroups, p.state_dim, p.ring_len, p.act_dtype,
+                        "R", "R (spec_ring_len(L, T))", "ngroups (B.size(2))"});
 
   require_ring(c.ring, p.slots, "slots (state.size(0))");
 
