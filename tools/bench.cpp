@@ -218,47 +218,11 @@ struct Measurement {
   double baseline_bytes = 0, replay_bytes = 0;  // modelled, per step
 };
 
-void write_side(JsonWriter& json, double step_s, double bytes, const std::vector<double>& windows,
-                int64_t steps_per_window, const CopyBandwidth& copy) {
-  std::vector<double> window_us;
-  for (double w : windows) window_us.push_back(w * 1e6);
-  json.begin_object()
-      .key("us_per_step").number(step_s * 1e6)
-      .key("modelled_bytes_per_step").number(bytes)
-      .key("GBps").number(bytes / step_s / 1e9)
-      .key("percent_of_copy_bandwidth").number(100 * bytes / step_s / copy.best_bytes_per_s)
-      .key("steps_per_window").integer(steps_per_window)
-      .key("window_us").numbers(window_us)
-      .end_object();
-}
 
 void write_json(std::ostream& file, const std::string& command_line, DeviceType device,
                 const CopyBandwidth& copy, const std::vector<Measurement>& results) {
-  const MachineInfo m = machine_info();
   JsonWriter json(file);
-  json.begin_object()
-      .key("tool").string("replayssm bench")
-      .key("date").string(utc_timestamp())
-      .key("command_line").string(command_line)
-      .key("device").string(device_name(device));
-  json.key("machine").begin_object()
-      .key("cpu_model").string(m.cpu_model)
-      .key("hardware_threads").integer(m.hardware_threads)
-      .key("backend_threads").integer(m.backend_threads)
-      .key("last_level_cache_bytes").integer(m.last_level_cache_bytes)
-      .key("memory_bytes").integer(m.memory_bytes)
-      .key("built_with_cuda").boolean(m.built_with_cuda)
-      .key("cuda_devices").integer(m.cuda_devices)
-      .key("compiler").string(m.compiler)
-      .end_object();
-  json.key("copy_bandwidth").begin_object()
-      .key("counts").string("bytes read + written")
-      .key("buffer_bytes").integer(copy.buffer_bytes)
-      .key("threads").integer(copy.threads)
-      .key("repetitions").integer(copy.repetitions)
-      .key("best_GBps").number(copy.best_bytes_per_s / 1e9)
-      .key("median_GBps").number(copy.median_bytes_per_s / 1e9)
-      .end_object();
+  write_run_header(json, "replayssm bench", command_line, device, copy);
   json.key("method").begin_object()
       .key("step").string("baseline: selective_state_update per layer copy; replay: replay_decode "
                           "per layer copy, then one replay_advance per model step (shared cursors)")
@@ -292,10 +256,10 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
         .key("states_exceed_caches").boolean(r.timing.rotated_state_bytes >= r.timing.cold_bytes)
         .key("windows").integer(r.config.windows);
     json.key("baseline");
-    write_side(json, r.timing.baseline_step_s, r.baseline_bytes, r.timing.baseline_window_s,
+    write_timing(json, r.timing.baseline_step_s, r.baseline_bytes, r.timing.baseline_window_s,
                steps_per_window, copy);
     json.key("replay");
-    write_side(json, r.timing.replay_step_s, r.replay_bytes, r.timing.replay_window_s,
+    write_timing(json, r.timing.replay_step_s, r.replay_bytes, r.timing.replay_window_s,
                steps_per_window, copy);
     json.key("speedup").number(r.timing.baseline_step_s / r.timing.replay_step_s);
     json.end_object();
@@ -304,6 +268,48 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
 }
 
 }  // namespace
+
+void write_timing(JsonWriter& json, double step_s, double bytes, const std::vector<double>& windows,
+                int64_t steps_per_window, const CopyBandwidth& copy) {
+  std::vector<double> window_us;
+  for (double w : windows) window_us.push_back(w * 1e6);
+  json.begin_object()
+      .key("us_per_step").number(step_s * 1e6)
+      .key("modelled_bytes_per_step").number(bytes)
+      .key("GBps").number(bytes / step_s / 1e9)
+      .key("percent_of_copy_bandwidth").number(100 * bytes / step_s / copy.best_bytes_per_s)
+      .key("steps_per_window").integer(steps_per_window)
+      .key("window_us").numbers(window_us)
+      .end_object();
+}
+
+void write_run_header(JsonWriter& json, const char* tool, const std::string& command_line,
+                      DeviceType device, const CopyBandwidth& copy) {
+  const MachineInfo m = machine_info();
+  json.begin_object()
+      .key("tool").string(tool)
+      .key("date").string(utc_timestamp())
+      .key("command_line").string(command_line)
+      .key("device").string(device_name(device));
+  json.key("machine").begin_object()
+      .key("cpu_model").string(m.cpu_model)
+      .key("hardware_threads").integer(m.hardware_threads)
+      .key("backend_threads").integer(m.backend_threads)
+      .key("last_level_cache_bytes").integer(m.last_level_cache_bytes)
+      .key("memory_bytes").integer(m.memory_bytes)
+      .key("built_with_cuda").boolean(m.built_with_cuda)
+      .key("cuda_devices").integer(m.cuda_devices)
+      .key("compiler").string(m.compiler)
+      .end_object();
+  json.key("copy_bandwidth").begin_object()
+      .key("counts").string("bytes read + written")
+      .key("buffer_bytes").integer(copy.buffer_bytes)
+      .key("threads").integer(copy.threads)
+      .key("repetitions").integer(copy.repetitions)
+      .key("best_GBps").number(copy.best_bytes_per_s / 1e9)
+      .key("median_GBps").number(copy.median_bytes_per_s / 1e9)
+      .end_object();
+}
 
 CopyBandwidth measure_copy_bandwidth(DeviceType device) {
 #if defined(REPLAYSSM_WITH_CUDA)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "geometry.hpp"
@@ -12,6 +13,8 @@
 #include "replayssm/mamba2.hpp"
 
 namespace replayssm::tool {
+
+class JsonWriter;
 
 struct BenchConfig {
   Geometry geometry;
@@ -59,5 +62,13 @@ ConfigTiming time_configuration(const BenchConfig& config, DeviceType device);
 // The CUDA implementations (bench_cuda.cu, CUDA builds only).
 CopyBandwidth measure_cuda_copy_bandwidth();
 ConfigTiming time_cuda_configuration(const BenchConfig& config);
+
+// The JSON of a bench run: the fields every run starts with (tool, date, command line, device,
+// machine, copy bandwidth; the object is left open for the run's method and results), and the
+// timing of one path of one configuration.
+void write_run_header(JsonWriter& json, const char* tool, const std::string& command_line,
+                      DeviceType device, const CopyBandwidth& copy);
+void write_timing(JsonWriter& json, double step_s, double bytes, const std::vector<double>& windows,
+                  int64_t steps_per_window, const CopyBandwidth& copy);
 
 }  // namespace replayssm::tool

@@ -275,40 +275,11 @@ struct SpecMeasurement {
   double standard_slot = 0, baseline_slot = 0, replay_slot = 0;
 };
 
-void write_side(JsonWriter& json, double step_s, double bytes, const std::vector<double>& windows,
-                double copy_rate) {
-  std::vector<double> window_us;
-  for (double w : windows) window_us.push_back(w * 1e6);
-  json.begin_object()
-      .key("us_per_step").number(step_s * 1e6)
-      .key("modelled_bytes_per_step").number(bytes)
-      .key("GBps").number(bytes / step_s / 1e9)
-      .key("percent_of_copy_bandwidth").number(100 * bytes / step_s / copy_rate)
-      .key("window_us").numbers(window_us)
-      .end_object();
-}
 
 void write_json(std::ostream& file, const std::string& command_line, DeviceType device,
                 const CopyBandwidth& copy, const std::vector<SpecMeasurement>& results) {
-  const MachineInfo m = machine_info();
   JsonWriter json(file);
-  json.begin_object()
-      .key("tool").string("replayssm bench --spec")
-      .key("date").string(utc_timestamp())
-      .key("command_line").string(command_line)
-      .key("device").string(device_name(device));
-  json.key("machine").begin_object()
-      .key("cpu_model").string(m.cpu_model)
-      .key("backend_threads").integer(m.backend_threads)
-      .key("built_with_cuda").boolean(m.built_with_cuda)
-      .key("cuda_devices").integer(m.cuda_devices)
-      .key("compiler").string(m.compiler)
-      .end_object();
-  json.key("copy_bandwidth").begin_object()
-      .key("counts").string("bytes read + written")
-      .key("best_GBps").number(copy.best_bytes_per_s / 1e9)
-      .key("median_GBps").number(copy.median_bytes_per_s / 1e9)
-      .end_object();
+  write_run_header(json, "replayssm bench --spec", command_line, device, copy);
   json.key("method").string(kSummary);
   json.key("results").begin_array();
   for (const SpecMeasurement& r : results) {
@@ -335,9 +306,11 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
         .key("rotated_state_bytes").integer(r.timing.rotated_state_bytes)
         .key("states_exceed_caches").boolean(r.timing.rotated_state_bytes >= r.timing.cold_bytes);
     json.key("baseline");
-    write_side(json, r.timing.baseline_step_s, r.baseline_bytes, r.timing.baseline_window_s, copy.best_bytes_per_s);
+    write_timing(json, r.timing.baseline_step_s, r.baseline_bytes, r.timing.baseline_window_s,
+                 r.plan.steps * r.timing.layers, copy);
     json.key("replay");
-    write_side(json, r.timing.replay_step_s, r.replay_bytes, r.timing.replay_window_s, copy.best_bytes_per_s);
+    write_timing(json, r.timing.replay_step_s, r.replay_bytes, r.timing.replay_window_s,
+                 r.plan.steps * r.timing.layers, copy);
     json.key("speedup").number(r.timing.baseline_step_s / r.timing.replay_step_s);
     json.key("slot_bytes").begin_object()
         .key("standard_decode").number(r.standard_slot)
