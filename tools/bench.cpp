@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -85,36 +86,12 @@ CopyBandwidth measure_cpu_copy_bandwidth() {
   return result;
 }
 
-// One layer copy: its own parameters, inputs, state and history. The cursors of its SlotCache
-// are unused: all the layers of a model share one cursors tensor.
-struct BenchLayer {
-  BenchLayer(Memory& memory, const LayerShape& shape, const BenchConfig& config, Random& random)
-      : inputs(memory, shape, config.act_dtype),
-        cache(memory, shape, config.state_dtype, config.act_dtype),
-        out(make_out(memory, shape, config.act_dtype)) {
-    fill_benchmark_inputs(inputs, shape, config.act_dtype, random);
-    cache.state.fill_uniform(random, -1.0, 1.0);
-    if (is_scaled_checkpoint(config.state_dtype)) {
-      cache.state_scale.fill_uniform(random, 0.005, 0.01);
-      const Geometry& g = shape.geometry;
-      baseline_state = Tensor(memory, baseline_state_dtype(config), {shape.slots, g.heads, g.head_dim, g.state_dim});
-      baseline_state.fill_uniform(random, -1.0, 1.0);
-    }
-  }
-  // The state the baseline updates.
-  const Tensor& baseline() const { return baseline_state.view().defined() ? baseline_state : cache.state; }
-  StepInputs inputs;
-  SlotCache cache;
-  Tensor baseline_state;  // (slots, H, P, N) bf16: an 8-bit checkpoint's baseline only
-  Tensor out;
-};
-
 }  // namespace
 
 int64_t cold_bytes() { return std::max(kMinColdBytes, 4 * last_level_cache_bytes()); }
 
-DType baseline_state_dtype(const BenchConfig& config) {
-  return is_scaled_checkpoint(config.state_dtype) ? DType::kBFloat16 : config.state_dtype;
+DType default_baseline_state_dtype(DType checkpoint) {
+  return is_scaled_checkpoint(checkpoint) ? DType::kBFloat16 : checkpoint;
 }
 
 LayerShape layer_shape(const BenchConfig& config) {
@@ -128,13 +105,57 @@ LayerShape layer_shape(const BenchConfig& config) {
 
 int64_t state_bytes(const BenchConfig& config) {
   const Geometry& g = config.geometry;
-  return config.batch * g.heads * g.head_dim * g.state_dim * dtype_size(config.state_dtype);
+  const int64_t element = std::min(dtype_size(config.state_dtype), dtype_size(config.baseline_state_dtype));
+  return config.batch * g.heads * g.head_dim * g.state_dim * element;
+}
+
+BenchLayer::BenchLayer(Memory& memory, const LayerShape& shape, const BenchConfig& config,
+                       Random& random, const FillUniform& fill_large)
+    : inputs(memory, shape, config.act_dtype),
+      cache(memory, shape, config.state_dtype, config.act_dtype),
+      out(make_out(memory, shape, config.act_dtype)) {
+  fill_benchmark_inputs(inputs, shape, config.act_dtype, random);
+  fill_large(cache.state, -1.0, 1.0);
+  if (is_scaled_checkpoint(config.state_dtype)) fill_large(cache.state_scale, 0.005, 0.01);
+  if (config.baseline_state_dtype != config.state_dtype) {
+    const Geometry& g = shape.geometry;
+    baseline_state =
+        Tensor(memory, config.baseline_state_dtype, {shape.slots, g.heads, g.head_dim, g.state_dim});
+    fill_large(baseline_state, -1.0, 1.0);
+  }
+  for (Tensor* t : {&cache.x_cache, &cache.B_cache, &cache.dt_cache}) fill_large(*t, -1.0, 1.0);
+}
+
+BenchModel::BenchModel(Memory& memory, const BenchConfig& c, int64_t layer_count,
+                       const FillUniform& fill_large)
+    : config(c), cursors(memory, DType::kInt32, {c.batch}) {
+  const LayerShape shape = layer_shape(c);
+  Random random(kSeed);
+  for (int64_t i = 0; i < layer_count; ++i)
+    layers.push_back(std::make_unique<BenchLayer>(memory, shape, c, random, fill_large));
+  std::vector<double> start_cursors(size_t(shape.slots));
+  for (int64_t r = 0; r < shape.slots; ++r) start_cursors[size_t(r)] = double(r % c.buffer_len);
+  cursors.write(start_cursors);
+}
+
+void BenchModel::baseline_step(const ExecOptions& options) const {
+  for (const auto& layer : layers)
+    selective_state_update(layer->baseline().view(), make_step(layer->inputs, layer->out), options);
+}
+
+void BenchModel::replay_step(const ExecOptions& options) const {
+  for (const auto& layer : layers) {
+    ReplayCache cache = make_cache(layer->cache);
+    cache.cursors = cursors.view();
+    replay_decode(cache, make_step(layer->inputs, layer->out), config.route, options);
+  }
+  replay_advance(cursors.view(), config.buffer_len, layers.front()->inputs.state_batch_indices.view(),
+                 kPadSlot, options);
 }
 
 namespace {
 
 ConfigTiming time_cpu_configuration(const BenchConfig& config) {
-  const LayerShape shape = layer_shape(config);
   const int64_t layer_state_bytes = state_bytes(config);
 
   ConfigTiming timing;
@@ -142,44 +163,26 @@ ConfigTiming time_cpu_configuration(const BenchConfig& config) {
   timing.rotated_state_bytes = timing.layers * layer_state_bytes;
   timing.cold_bytes = cold_bytes();
   const std::unique_ptr<Memory> host = make_host_memory();
-  Random random(kSeed);
-  std::vector<BenchLayer> layers;
-  layers.reserve(size_t(timing.layers));
-  for (int64_t i = 0; i < timing.layers; ++i) layers.emplace_back(*host, shape, config, random);
-  Tensor cursors(*host, DType::kInt32, {shape.slots});  // (slots), row r starts at r % L
-  std::vector<double> start_cursors(size_t(shape.slots));
-  for (int64_t r = 0; r < shape.slots; ++r) start_cursors[size_t(r)] = double(r % config.buffer_len);
-  cursors.write(start_cursors);
+  Random random(kSeed + 1);
+  const BenchModel model(*host, config, timing.layers,
+                         [&](Tensor& t, double lo, double hi) { t.fill_uniform(random, lo, hi); });
 
-  // One model step: every layer copy, then (ReplaySSM) one replay_advance of the shared cursors.
   ExecOptions options;
   options.backend = Backend::kCpu;
-  auto baseline_step = [&] {
-    for (const BenchLayer& layer : layers)
-      selective_state_update(layer.baseline().view(), make_step(layer.inputs, layer.out), options);
-  };
-  auto replay_step = [&] {
-    for (const BenchLayer& layer : layers) {
-      ReplayCache cache = make_cache(layer.cache);
-      cache.cursors = cursors.view();
-      replay_decode(cache, make_step(layer.inputs, layer.out), config.route, options);
-    }
-    replay_advance(cursors.view(), config.buffer_len, layers[0].inputs.state_batch_indices.view(),
-                   kPadSlot, options);
-  };
-  auto time_window = [&](auto&& step) {
+  auto time_window = [&](bool replay) {
     const Clock::time_point start = Clock::now();
-    for (int64_t s = 0; s < config.buffer_len; ++s) step();
+    for (int64_t s = 0; s < config.buffer_len; ++s)
+      replay ? model.replay_step(options) : model.baseline_step(options);
     return seconds_since(start);
   };
   // Windows alternate between the two so that a change in the machine's load hits both alike.
-  // The baseline overwrites the states that ReplaySSM uses as checkpoints: timing does not
-  // depend on the values, and both keep them bounded.
-  time_window(baseline_step);
-  time_window(replay_step);
+  // Where the baseline has no state of its own it overwrites the checkpoints ReplaySSM uses:
+  // timing does not depend on the values, and both keep them bounded.
+  time_window(false);
+  time_window(true);
   for (int w = 0; w < config.windows; ++w) {
-    timing.baseline_window_s.push_back(time_window(baseline_step));
-    timing.replay_window_s.push_back(time_window(replay_step));
+    timing.baseline_window_s.push_back(time_window(false));
+    timing.replay_window_s.push_back(time_window(true));
   }
   const double steps = double(config.buffer_len * timing.layers);
   timing.baseline_step_s = median(timing.baseline_window_s) / steps;
@@ -194,8 +197,11 @@ std::vector<Option> bench_options() {
       {"--batch", "N[,N...]", "batch sizes", "1,8,64"},
       {"--L", "N[,N...]", "ReplaySSM buffer lengths, 1..64", "16"},
       {"--state-dtype", "T[,T...]",
-       "state dtypes: fp32, fp16, bf16, int8, fp8 (e4m3; the 8-bit ones are ReplaySSM checkpoints, "
-       "their baseline runs with a bf16 state)", "fp32"},
+       "state dtypes: fp32, fp16, bf16, int8, fp8 (e4m3; the 8-bit ones are ReplaySSM checkpoints "
+       "only)", "fp32"},
+      {"--baseline-state-dtype", "T",
+       "the baseline's state dtype, for every state dtype: fp32, fp16, bf16 (default: the state "
+       "dtype; bf16 for int8 and fp8)", ""},
       {"--act-dtype", "T[,T...]", "activation dtypes: fp32, fp16, bf16", "bf16"},
       {"--route", "R", "ReplaySSM route: auto, output-only, state-and-output", "auto"},
       {"--windows", "N", "timed windows per configuration (the median is reported)", "5"},
@@ -211,6 +217,14 @@ constexpr const char* kSummary =
     "whole layer), the achieved GB/s and its share of the copy bandwidth measured in the same\n"
     "run, and the speedup. Layer copies are rotated so that every step reads its state from\n"
     "memory. With --spec T: speculative decoding instead (see 'replayssm bench --spec 4 --help').";
+
+// --baseline-state-dtype: selective_state_update keeps no 8-bit state.
+DType parse_baseline_state_dtype(const std::string& flag, const std::string& text) {
+  if (text == "int8" || text == "fp8")
+    throw UsageError(flag + " " + text + ": 8-bit states are ReplaySSM checkpoints only; the "
+                     "baseline's state is fp32, fp16 or bf16");
+  return parse_dtype(flag, text);
+}
 
 struct Measurement {
   BenchConfig config;
@@ -247,7 +261,7 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
     json.key("batch").integer(r.config.batch)
         .key("L").integer(r.config.buffer_len)
         .key("state_dtype").string(dtype_short_name(r.config.state_dtype))
-        .key("baseline_state_dtype").string(dtype_short_name(baseline_state_dtype(r.config)))
+        .key("baseline_state_dtype").string(dtype_short_name(r.config.baseline_state_dtype))
         .key("act_dtype").string(dtype_short_name(r.config.act_dtype))
         .key("route").string(route_name(r.config.route))
         .key("layers").integer(r.timing.layers)
@@ -344,10 +358,9 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
   const std::vector<int64_t> buffer_lens = parse_int_list("--L", args.get("--L"), 1, 64);
   const std::vector<DType> state_dtypes =
       parse_state_dtype_list("--state-dtype", args.get("--state-dtype"));
-  for (const DType state : state_dtypes)
-    if (is_scaled_checkpoint(state) && device == DeviceType::kCuda)
-      throw UsageError(std::string("--state-dtype ") + dtype_short_name(state) +
-                       ": the CUDA bench does not time 8-bit checkpoints yet (the CPU bench does)");
+  std::optional<DType> baseline_dtype;  // unset: each state dtype's default
+  if (args.given("--baseline-state-dtype"))
+    baseline_dtype = parse_baseline_state_dtype("--baseline-state-dtype", args.get("--baseline-state-dtype"));
   const std::vector<DType> act_dtypes = parse_dtype_list("--act-dtype", args.get("--act-dtype"));
   const ReplayRoute route = parse_route("--route", args.get("--route"));
   const int windows = int(parse_int("--windows", args.get("--windows"), 1, 1000));
@@ -370,9 +383,9 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
   std::printf("per layer per step, median of %d windows of L steps; %%copy = GB/s of the modelled "
               "bytes / best copy bandwidth\n\n",
               windows);
-  std::printf("%-5s %-5s %6s %3s %6s | %11s %8s %7s %6s | %11s %8s %7s %6s | %7s\n", "state", "act",
-              "batch", "L", "layers", "base us", "base MB", "GB/s", "%copy", "replay us",
-              "rep MB", "GB/s", "%copy", "speedup");
+  std::printf("%-5s %-5s %-5s %6s %3s %6s | %11s %8s %7s %6s | %11s %8s %7s %6s | %7s\n", "state",
+              "base", "act", "batch", "L", "layers", "base us", "base MB", "GB/s", "%copy",
+              "replay us", "rep MB", "GB/s", "%copy", "speedup");
 
   std::vector<Measurement> results;
   for (const DType state : state_dtypes)
@@ -380,18 +393,19 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
       for (const int64_t batch : batches)
         for (const int64_t L : buffer_lens) {
           Measurement m;
-          m.config = BenchConfig{geometry, batch, L, state, act, route, windows};
+          const DType base = baseline_dtype.value_or(default_baseline_state_dtype(state));
+          m.config = BenchConfig{geometry, batch, L, state, base, act, route, windows};
           m.timing = time_configuration(m.config, device);
-          m.baseline_bytes = baseline_bytes_per_step(geometry, batch, baseline_state_dtype(m.config), act);
+          m.baseline_bytes = baseline_bytes_per_step(geometry, batch, base, act);
           m.replay_bytes = replay_bytes_per_step(geometry, batch, L, state, act);
           const double base_rate = m.baseline_bytes / m.timing.baseline_step_s;
           const double replay_rate = m.replay_bytes / m.timing.replay_step_s;
-          std::printf("%-5s %-5s %6" PRId64 " %3" PRId64 " %6" PRId64
+          std::printf("%-5s %-5s %-5s %6" PRId64 " %3" PRId64 " %6" PRId64
                       " | %11.1f %8.2f %7.1f %5.1f%% | %11.1f %8.2f %7.1f %5.1f%% | %6.2fx\n",
-                      dtype_short_name(state), dtype_short_name(act), batch, L, m.timing.layers,
-                      m.timing.baseline_step_s * 1e6, m.baseline_bytes / 1e6, base_rate / 1e9,
-                      100 * base_rate / copy.best_bytes_per_s, m.timing.replay_step_s * 1e6,
-                      m.replay_bytes / 1e6, replay_rate / 1e9,
+                      dtype_short_name(state), dtype_short_name(base), dtype_short_name(act), batch,
+                      L, m.timing.layers, m.timing.baseline_step_s * 1e6, m.baseline_bytes / 1e6,
+                      base_rate / 1e9, 100 * base_rate / copy.best_bytes_per_s,
+                      m.timing.replay_step_s * 1e6, m.replay_bytes / 1e6, replay_rate / 1e9,
                       100 * replay_rate / copy.best_bytes_per_s,
                       m.timing.baseline_step_s / m.timing.replay_step_s);
           if (m.timing.rotated_state_bytes < m.timing.cold_bytes)

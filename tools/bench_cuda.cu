@@ -71,30 +71,18 @@ void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) {
     case DType::kBFloat16:
       fill_uniform_kernel<<<kBlocks, kThreads>>>(static_cast<BFloat16*>(v.data), n, seed, lo, hi);
       break;
+    case DType::kInt8:
+      fill_uniform_kernel<<<kBlocks, kThreads>>>(static_cast<Int8*>(v.data), n, seed, lo, hi);
+      break;
+    case DType::kFloat8E4M3:
+      fill_uniform_kernel<<<kBlocks, kThreads>>>(static_cast<Float8E4M3*>(v.data), n, seed, lo, hi);
+      break;
     default:
       fill_uniform_kernel<<<kBlocks, kThreads>>>(static_cast<float*>(v.data), n, seed, lo, hi);
       break;
   }
   BENCH_CUDA_CHECK(cudaGetLastError());
 }
-
-// One layer copy: parameters, inputs, state and history of its own; cursors are the model's.
-struct Layer {
-  Layer(Memory& memory, const LayerShape& shape, const BenchConfig& config, Random& random,
-        uint64_t seed)
-      : inputs(memory, shape, config.act_dtype),
-        cache(memory, shape, config.state_dtype, config.act_dtype),
-        out(make_out(memory, shape, config.act_dtype)) {
-    fill_benchmark_inputs(inputs, shape, config.act_dtype, random);
-    fill_uniform(cache.state, seed, -1.f, 1.f);
-    fill_uniform(cache.x_cache, seed + 1, -1.f, 1.f);
-    fill_uniform(cache.B_cache, seed + 2, -1.f, 1.f);
-    fill_uniform(cache.dt_cache, seed + 3, -1.f, 1.f);
-  }
-  StepInputs inputs;
-  SlotCache cache;
-  Tensor out;
-};
 
 class Graph {
  public:
@@ -179,7 +167,6 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   Timer timer;
   int l2_bytes = 0;
   BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
-  const LayerShape shape = layer_shape(config);
   const int64_t layer_state_bytes = state_bytes(config);
 
   ConfigTiming timing;
@@ -188,40 +175,25 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   timing.rotated_state_bytes = timing.layers * layer_state_bytes;
   timing.cold_bytes = cold;
   const std::unique_ptr<Memory> memory = make_cuda_memory();
-  Random random(kSeed);
-  std::vector<std::unique_ptr<Layer>> layers;
-  for (int64_t i = 0; i < timing.layers; ++i)
-    layers.push_back(std::make_unique<Layer>(*memory, shape, config, random, kSeed + 16 * i));
-  Tensor cursors(*memory, DType::kInt32, {shape.slots});
-  std::vector<double> start_positions(size_t(shape.slots));
-  for (int64_t r = 0; r < shape.slots; ++r) start_positions[size_t(r)] = double(r % config.buffer_len);
-  cursors.write(start_positions);
+  uint64_t seed = kSeed;
+  const BenchModel model(*memory, config, timing.layers, [&](Tensor& t, double lo, double hi) {
+    fill_uniform(t, seed += 16, float(lo), float(hi));
+  });
   BENCH_CUDA_CHECK(cudaDeviceSynchronize());
 
   ExecOptions options;
   options.backend = Backend::kCuda;
   options.cuda_stream = timer.stream;
-  const TensorView indices = layers.front()->inputs.state_batch_indices.view();
   const Graph baseline(timer.stream, [&] {
-    for (int64_t s = 0; s < config.buffer_len; ++s)
-      for (const auto& layer : layers)
-        selective_state_update(layer->cache.state.view(), make_step(layer->inputs, layer->out),
-                               options);
+    for (int64_t s = 0; s < config.buffer_len; ++s) model.baseline_step(options);
   });
   const Graph replay(timer.stream, [&] {
-    for (int64_t s = 0; s < config.buffer_len; ++s) {
-      for (const auto& layer : layers) {
-        ReplayCache cache = make_cache(layer->cache);
-        cache.cursors = cursors.view();
-        replay_decode(cache, make_step(layer->inputs, layer->out), config.route, options);
-      }
-      replay_advance(cursors.view(), config.buffer_len, indices, kPadSlot, options);
-    }
+    for (int64_t s = 0; s < config.buffer_len; ++s) model.replay_step(options);
   });
 
   // Windows alternate between the two so that a change in the machine's state hits both alike.
-  // The baseline overwrites the states that ReplaySSM uses as checkpoints: timing does not depend
-  // on the values, and both keep them bounded.
+  // Where the baseline has no state of its own it overwrites the checkpoints ReplaySSM uses:
+  // timing does not depend on the values, and both keep them bounded.
   baseline.time(timer.stream, timer.start, timer.stop);
   replay.time(timer.stream, timer.start, timer.stop);
   for (int w = 0; w < config.windows; ++w) {

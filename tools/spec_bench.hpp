@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,10 +48,6 @@ struct SpecPlan {
 };
 
 SpecPlan plan_spec(const SpecBenchConfig& config);
-
-// Fills a tensor with uniform values in [lo, hi): on the host, or by a device kernel for the large
-// per-slot tensors of a CUDA workload.
-using FillUniform = std::function<void(Tensor& tensor, double lo, double hi)>;
 
 // One layer copy: window inputs, ReplaySSM's checkpoint and ring caches, the baseline's T states
 // per row, and the outputs of each path.
