@@ -80,7 +80,14 @@ REPLAYSSM_HOST_DEVICE uint16_t float_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+// On the device, fp16 and e4m3 convert by one instruction (the same value for every input but
+// NaN, whose payload may differ); the host spells the conversion out.
 REPLAYSSM_HOST_DEVICE float fp16_to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -97,9 +104,15 @@ REPLAYSSM_HOST_DEVICE float fp16_to_float(uint16_t h) {
     return bits_float(sign | (exp << 23) | (mant << 13));
   }
   return bits_float(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+#endif
 }
 
 REPLAYSSM_HOST_DEVICE uint16_t float_to_fp16(float f) {
+#if defined(__CUDA_ARCH__)
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   const uint32_t u = float_bits(f);
   const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
@@ -119,6 +132,7 @@ REPLAYSSM_HOST_DEVICE uint16_t float_to_fp16(float f) {
   uint32_t r = abs - 0x38000000u;                            // rebias exponent 127 -> 15
   r += 0xfffu + ((r >> 13) & 1u);
   return uint16_t(sign | (r >> 13));
+#endif
 }
 
 // A binary floating-point grid: `mantissa_bits` fraction bits, smallest normal exponent
@@ -170,11 +184,17 @@ constexpr float kFloat8E4M3Max = 448.f;
 constexpr float kInt8Max = 127.f;  // symmetric: -128 is never produced
 
 REPLAYSSM_HOST_DEVICE float e4m3_to_float(uint8_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t pair;  // two fp16, the low one b's value
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"(uint16_t(b)));
+  return fp16_to_float(uint16_t(pair & 0xffffu));
+#else
   const uint32_t sign = uint32_t(b & 0x80u) << 24;
   const uint32_t exponent = (b >> 3) & 0xfu, mantissa = b & 0x7u;
   if (exponent == 0xfu && mantissa == 0x7u) return bits_float(sign | 0x7fc00000u);  // NaN
   if (exponent == 0) return bits_float(sign | float_bits(float(mantissa) * exact_power_of_two(-9)));
   return bits_float(sign | ((exponent + 127 - 7) << 23) | (mantissa << 20));
+#endif
 }
 
 // Encodes a value already on the e4m3 grid, saturating magnitudes above 448 (infinities
