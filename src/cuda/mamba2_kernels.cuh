@@ -459,8 +459,10 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int cur
 // step's token at position `cursor`. Flush rows (cursor == L-1) and the state-and-output route
 // form S = decay S0 + sum_j weight_j x_j B_j^T row by row (flush rows store it); the output-only
 // route computes y = decay (S0 C) + sum_j weight_j (B_j . C) x_j without forming S. Non-flush rows
-// append x, B (first head of the group) and the raw dt at position `cursor`.
-template <typename S, typename Act, RowLayoutKind kKind>
+// append x, B (first head of the group) and the raw dt at position `cursor`. kStochastic (the
+// call's stochastic_rounding) is a separate instantiation: the Philox rounds, compiled into the
+// flush rows, cost registers that make the row loop spill under the register cap.
+template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
                                                                  int rows_per_cta,
                                                                  bool output_only) {
@@ -642,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   const float* coef = window + kBCOffset;  // (count), output-only
   // Stochastic rounding of a flush: this slot's bits for its current flush count.
   FlushRandomBits random(0, 0, 0, 0);
-  if (flush && p.stochastic_rounding)
+  if (kStochastic && flush)
     random = FlushRandomBits(uint32_t(load_one(p.rounding_seed)),
                              uint32_t(load_one(p.rounding_seed + p.rounding_seed_stride)), uint32_t(slot),
                              uint32_t(load_one(p.flush_counts + slot * p.flush_counts_stride)));
@@ -686,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
         }
         if (flush)
           store_checkpoint_row<S, Ly>(state + i * p.state_stride_p, scale ? scale + i : nullptr,
-                                      i < w.rows, s, lane, N, p.stochastic_rounding, random,
+                                      i < w.rows, s, lane, N, kStochastic, random,
                                       uint32_t((w.head * p.head_dim + w.first + i) * N));
         y[k] = 0.f;
 #pragma unroll

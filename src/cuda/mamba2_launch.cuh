@@ -1,6 +1,8 @@
 // Definitions of the typed launchers; included by the per-state-dtype instantiation files only.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/check.hpp"
 #include "cuda/mamba2_kernels.cuh"
 #include "cuda/mamba2_launch.hpp"
@@ -42,23 +44,33 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   const size_t smem = size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len,
                                                make_row_layout(sizeof(S), layout).lanes));
   const bool output_only = p.route != ReplayRoute::kStateAndOutput;
-  switch (layout) {
-    case RowLayoutKind::kN64:
-      replay_decode_kernel<S, Act, RowLayoutKind::kN64>
-          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-      break;
-    case RowLayoutKind::kN128:
-      replay_decode_kernel<S, Act, RowLayoutKind::kN128>
-          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-      break;
-    case RowLayoutKind::kN256:
-      replay_decode_kernel<S, Act, RowLayoutKind::kN256>
-          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-      break;
-    case RowLayoutKind::kGeneric:
-      replay_decode_kernel<S, Act, RowLayoutKind::kGeneric>
-          <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-      break;
+  auto run = [&](auto stochastic) {
+    constexpr bool kStochastic = decltype(stochastic)::value;
+    switch (layout) {
+      case RowLayoutKind::kN64:
+        replay_decode_kernel<S, Act, RowLayoutKind::kN64, kStochastic>
+            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+        break;
+      case RowLayoutKind::kN128:
+        replay_decode_kernel<S, Act, RowLayoutKind::kN128, kStochastic>
+            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+        break;
+      case RowLayoutKind::kN256:
+        replay_decode_kernel<S, Act, RowLayoutKind::kN256, kStochastic>
+            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+        break;
+      case RowLayoutKind::kGeneric:
+        replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic>
+            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
+        break;
+    }
+  };
+  // An fp32 checkpoint is never rounded (validation refuses stochastic rounding for it).
+  if constexpr (std::is_same_v<S, float>) {
+    run(std::false_type{});
+  } else {
+    if (p.stochastic_rounding) run(std::true_type{});
+    else run(std::false_type{});
   }
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
