@@ -22,7 +22,11 @@ constexpr int64_t kMaxTokens = 64;  // history plus the current token, at most L
 constexpr int kLanes = 8;
 constexpr int kTileVecs = 2;
 constexpr int64_t kTile = kLanes * kTileVecs;
-constexpr int kRows = 4;       // rows of a register tile
+// Rows of a register tile: one token (the baseline) is bound by memory, 4 rows keep 4 streams in
+// flight; a window of tokens (a flush) is bound by its FMAs, 6 rows x kTileVecs give 12 independent
+// accumulators (with the B vectors and a broadcast, 15 of the 16 AVX2 registers).
+constexpr int kRows = 4;
+constexpr int kWindowRows = 6;
 constexpr int kReadHeads = 8;  // heads whose checkpoints the output-only route reads at once
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
@@ -201,9 +205,13 @@ template <typename S, typename Act> class HeadKernel {
       const Act* x = static_cast<const Act*>(hw.x[j]);
       for (int64_t i = 0; i < P; ++i) a[j * P + i] = hw.weight[j] * to_float(x[i]);
     }
-    for_row_blocks<kRows>(P, [&](auto block, int64_t first, int64_t stride) {
+    auto visit = [&](auto block, int64_t first, int64_t stride) {
       rows<decltype(block)::value>(gw, hw, from, scale, to, staged, a, first, stride, y);
-    });
+    };
+    if (gw.count == 1)
+      for_row_blocks<kRows>(P, visit);
+    else
+      for_row_blocks<kWindowRows>(P, visit);
   }
 
   // dots (heads, P) = S0_h C for `heads` consecutive heads of one group (they share C). Heads are
