@@ -38,12 +38,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 
 #if !defined(REPLAYSSM_WITH_CUDA)
 [[noreturn]] void no_cuda_timing() {
@@ -87,6 +81,24 @@ CopyBandwidth measure_cpu_copy_bandwidth() {
 }
 
 }  // namespace
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+void time_alternating(WindowTiming& timing, int windows, double steps,
+                      const std::function<double(bool replay)>& time_window) {
+  time_window(false);
+  time_window(true);
+  for (int w = 0; w < windows; ++w) {
+    timing.baseline_window_s.push_back(time_window(false));
+    timing.replay_window_s.push_back(time_window(true));
+  }
+  timing.baseline_step_s = median(timing.baseline_window_s) / steps;
+  timing.replay_step_s = median(timing.replay_window_s) / steps;
+}
 
 int64_t cold_bytes() { return std::max(kMinColdBytes, 4 * last_level_cache_bytes()); }
 
@@ -175,18 +187,9 @@ ConfigTiming time_cpu_configuration(const BenchConfig& config) {
       replay ? model.replay_step(options) : model.baseline_step(options);
     return seconds_since(start);
   };
-  // Windows alternate between the two so that a change in the machine's load hits both alike.
   // Where the baseline has no state of its own it overwrites the checkpoints ReplaySSM uses:
   // timing does not depend on the values, and both keep them bounded.
-  time_window(false);
-  time_window(true);
-  for (int w = 0; w < config.windows; ++w) {
-    timing.baseline_window_s.push_back(time_window(false));
-    timing.replay_window_s.push_back(time_window(true));
-  }
-  const double steps = double(config.buffer_len * timing.layers);
-  timing.baseline_step_s = median(timing.baseline_window_s) / steps;
-  timing.replay_step_s = median(timing.replay_window_s) / steps;
+  time_alternating(timing, config.windows, double(config.buffer_len * timing.layers), time_window);
   return timing;
 }
 

@@ -39,14 +39,26 @@ struct CopyBandwidth {
   int threads = 0;
 };
 
+// The windows timed for the baseline and ReplaySSM, and the medians per step.
+struct WindowTiming {
+  std::vector<double> baseline_window_s, replay_window_s;
+  double baseline_step_s = 0, replay_step_s = 0;  // median window / layer steps per window
+};
+
+double median(std::vector<double> values);
+
+// One warm-up window of each path, then `windows` of each alternating, so that a change in the
+// machine's load hits both alike; time_window(replay) runs one window of `steps` layer steps and
+// returns its seconds.
+void time_alternating(WindowTiming& timing, int windows, double steps,
+                      const std::function<double(bool replay)>& time_window);
+
 // One window is L decode steps of every rotated layer copy; rows are desynchronised (row r starts
 // at cursor r % L), so every row flushes once per window.
-struct ConfigTiming {
+struct ConfigTiming : WindowTiming {
   int64_t layers = 0;  // layer copies rotated so that each step reads its state from memory
   int64_t rotated_state_bytes = 0;  // state_bytes() of all layer copies
   int64_t cold_bytes = 0;  // the state that defeats the device's caches (CPU caches or GPU L2)
-  std::vector<double> baseline_window_s, replay_window_s;
-  double baseline_step_s = 0, replay_step_s = 0;  // median window / (L * layers)
 };
 
 // Bytes a host working set must span so that no step finds its state in a CPU cache.

@@ -39,12 +39,6 @@ void check(cudaError_t status, const char* call, int line) {
 
 #define BENCH_CUDA_CHECK(call) check((call), #call, __LINE__)
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 // Uniform values in [lo, hi) from a counter-based hash: fills large device tensors without a host
 // copy.
 template <typename T>
@@ -191,18 +185,11 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
     for (int64_t s = 0; s < config.buffer_len; ++s) model.replay_step(options);
   });
 
-  // Windows alternate between the two so that a change in the machine's state hits both alike.
   // Where the baseline has no state of its own it overwrites the checkpoints ReplaySSM uses:
   // timing does not depend on the values, and both keep them bounded.
-  baseline.time(timer.stream, timer.start, timer.stop);
-  replay.time(timer.stream, timer.start, timer.stop);
-  for (int w = 0; w < config.windows; ++w) {
-    timing.baseline_window_s.push_back(baseline.time(timer.stream, timer.start, timer.stop));
-    timing.replay_window_s.push_back(replay.time(timer.stream, timer.start, timer.stop));
-  }
-  const double steps = double(config.buffer_len * timing.layers);
-  timing.baseline_step_s = median(timing.baseline_window_s) / steps;
-  timing.replay_step_s = median(timing.replay_window_s) / steps;
+  time_alternating(timing, config.windows, double(config.buffer_len * timing.layers), [&](bool replay_window) {
+    return (replay_window ? replay : baseline).time(timer.stream, timer.start, timer.stop);
+  });
   return timing;
 }
 
@@ -234,15 +221,9 @@ SpecTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
   const Graph replay(timer.stream, [&] {
     for (int64_t s = 0; s < model.steps; ++s) model.replay_step(s, options);
   });
-  baseline.time(timer.stream, timer.start, timer.stop);
-  replay.time(timer.stream, timer.start, timer.stop);
-  for (int w = 0; w < config.windows; ++w) {
-    timing.baseline_window_s.push_back(baseline.time(timer.stream, timer.start, timer.stop));
-    timing.replay_window_s.push_back(replay.time(timer.stream, timer.start, timer.stop));
-  }
-  const double steps = double(model.steps * timing.layers);
-  timing.baseline_step_s = median(timing.baseline_window_s) / steps;
-  timing.replay_step_s = median(timing.replay_window_s) / steps;
+  time_alternating(timing, config.windows, double(model.steps * timing.layers), [&](bool replay_window) {
+    return (replay_window ? replay : baseline).time(timer.stream, timer.start, timer.stop);
+  });
   return timing;
 }
 

@@ -26,12 +26,6 @@ constexpr uint64_t kSeed = 1;
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 int32_t draw_accepted(const AcceptanceModel& model, int64_t window, Random& random) {
   if (model.fixed) return int32_t(std::min<double>(model.value, double(window)));
   if (window == 1) return 1;
@@ -228,15 +222,7 @@ SpecTiming time_cpu_spec_configuration(const SpecBenchConfig& config) {
     for (int64_t s = 0; s < model.steps; ++s) replay ? model.replay_step(s, options) : model.baseline_step(s, options);
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
-  time_window(false);
-  time_window(true);
-  for (int w = 0; w < config.windows; ++w) {
-    timing.baseline_window_s.push_back(time_window(false));
-    timing.replay_window_s.push_back(time_window(true));
-  }
-  const double steps = double(model.steps * timing.layers);
-  timing.baseline_step_s = median(timing.baseline_window_s) / steps;
-  timing.replay_step_s = median(timing.replay_window_s) / steps;
+  time_alternating(timing, config.windows, double(model.steps * timing.layers), time_window);
   return timing;
 }
 

@@ -85,12 +85,10 @@ struct SpecModel {
   TensorView accepted_at(int64_t s) const;
 };
 
-struct SpecTiming {
+struct SpecTiming : WindowTiming {
   int64_t layers = 0;
   int64_t rotated_state_bytes = 0;  // checkpoints and baseline states of all layer copies
   int64_t cold_bytes = 0;
-  std::vector<double> baseline_window_s, replay_window_s;
-  double baseline_step_s = 0, replay_step_s = 0;  // median window / (steps * layers)
 };
 
 // Layer state bytes (checkpoint + baseline states) of one copy.
