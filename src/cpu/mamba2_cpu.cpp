@@ -28,9 +28,11 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
     const void* B[kMaxTokens];
     float raw_dt[kMaxTokens];
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t row = item / (p.ngroups * chunks);
-      const int64_t g = item / chunks % p.ngroups;
-      const int64_t h_begin = g * p.heads_per_group + item % chunks * chunk;
+      // Rows vary fastest: a flush row's items (compute bound) are spread among the others'
+      // (memory bound), so that both threads rarely fold windows at the same time.
+      const int64_t row = item % p.batch;
+      const int64_t g = item / p.batch / chunks;
+      const int64_t h_begin = g * p.heads_per_group + item / p.batch % chunks * chunk;
       const int64_t h_end = std::min(h_begin + chunk, (g + 1) * p.heads_per_group);
       const int64_t slot = slot_of_row(p, row);
       if (slot < 0) continue;
