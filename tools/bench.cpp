@@ -88,7 +88,7 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-void time_alternating(WindowTiming& timing, int windows, double steps,
+void time_alternating(ConfigTiming& timing, int windows, double steps,
                       const std::function<double(bool replay)>& time_window) {
   time_window(false);
   time_window(true);
@@ -98,6 +98,18 @@ void time_alternating(WindowTiming& timing, int windows, double steps,
   }
   timing.baseline_step_s = median(timing.baseline_window_s) / steps;
   timing.replay_step_s = median(timing.replay_window_s) / steps;
+}
+
+void print_cache_note(const ConfigTiming& timing) {
+  if (timing.rotated_state_bytes < timing.cold_bytes)
+    std::printf("  (only %" PRId64 " MiB of state rotated: some steps may hit the caches)\n",
+                timing.rotated_state_bytes >> 20);
+}
+
+void finish_json(std::ofstream& file, const std::string& path) {
+  file.close();
+  if (!file) throw std::runtime_error("writing '" + path + "' failed");
+  std::printf("\nwrote %s\n", path.c_str());
 }
 
 int64_t cold_bytes() { return std::max(kMinColdBytes, 4 * last_level_cache_bytes()); }
@@ -411,17 +423,13 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
                       m.timing.replay_step_s * 1e6, m.replay_bytes / 1e6, replay_rate / 1e9,
                       100 * replay_rate / copy.best_bytes_per_s,
                       m.timing.baseline_step_s / m.timing.replay_step_s);
-          if (m.timing.rotated_state_bytes < m.timing.cold_bytes)
-            std::printf("  (only %" PRId64 " MiB of state rotated: some steps may hit the caches)\n",
-                        m.timing.rotated_state_bytes >> 20);
+          print_cache_note(m.timing);
           std::fflush(stdout);
           results.push_back(m);
         }
   if (!json_path.empty()) {
     write_json(json_file, command_line, device, copy, results);
-    json_file.close();
-    if (!json_file) throw std::runtime_error("writing '" + json_path + "' failed");
-    std::printf("\nwrote %s\n", json_path.c_str());
+    finish_json(json_file, json_path);
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,8 +40,13 @@ struct CopyBandwidth {
   int threads = 0;
 };
 
-// The windows timed for the baseline and ReplaySSM, and the medians per step.
-struct WindowTiming {
+// The timing of one configuration, standard or speculative. One window is L model steps of every
+// rotated layer copy (standard decode: rows desynchronised, row r starts at cursor r % L, so every
+// row flushes once per window).
+struct ConfigTiming {
+  int64_t layers = 0;  // layer copies rotated so that each step reads its state from memory
+  int64_t rotated_state_bytes = 0;  // the states (checkpoints and baseline states) of all copies
+  int64_t cold_bytes = 0;  // the state that defeats the device's caches (CPU caches or GPU L2)
   std::vector<double> baseline_window_s, replay_window_s;
   double baseline_step_s = 0, replay_step_s = 0;  // median window / layer steps per window
 };
@@ -50,16 +56,14 @@ double median(std::vector<double> values);
 // One warm-up window of each path, then `windows` of each alternating, so that a change in the
 // machine's load hits both alike; time_window(replay) runs one window of `steps` layer steps and
 // returns its seconds.
-void time_alternating(WindowTiming& timing, int windows, double steps,
+void time_alternating(ConfigTiming& timing, int windows, double steps,
                       const std::function<double(bool replay)>& time_window);
 
-// One window is L decode steps of every rotated layer copy; rows are desynchronised (row r starts
-// at cursor r % L), so every row flushes once per window.
-struct ConfigTiming : WindowTiming {
-  int64_t layers = 0;  // layer copies rotated so that each step reads its state from memory
-  int64_t rotated_state_bytes = 0;  // state_bytes() of all layer copies
-  int64_t cold_bytes = 0;  // the state that defeats the device's caches (CPU caches or GPU L2)
-};
+// The note printed under a row whose rotated states do not defeat the caches.
+void print_cache_note(const ConfigTiming& timing);
+
+// Closes the JSON file a bench wrote and reports it (throws when the write failed).
+void finish_json(std::ofstream& file, const std::string& path);
 
 // Bytes a host working set must span so that no step finds its state in a CPU cache.
 int64_t cold_bytes();

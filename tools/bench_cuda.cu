@@ -195,12 +195,12 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
 
 // Speculative decoding: a window is L verify steps; each replays every layer copy (spec_verify,
 // or spec_state_update for the baseline), then ReplaySSM commits the shared ring once.
-SpecTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
+ConfigTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
   Timer timer;
   int l2_bytes = 0;
   BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
   const int64_t layer_bytes = spec_layer_state_bytes(config);
-  SpecTiming timing;
+  ConfigTiming timing;
   timing.cold_bytes = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
   timing.layers = std::max<int64_t>(1, (timing.cold_bytes + layer_bytes - 1) / layer_bytes);
   timing.rotated_state_bytes = timing.layers * layer_bytes;

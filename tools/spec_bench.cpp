@@ -204,8 +204,8 @@ int64_t spec_layer_state_bytes(const SpecBenchConfig& c) {
 
 namespace {
 
-SpecTiming time_cpu_spec_configuration(const SpecBenchConfig& config) {
-  SpecTiming timing;
+ConfigTiming time_cpu_spec_configuration(const SpecBenchConfig& config) {
+  ConfigTiming timing;
   const int64_t layer_bytes = spec_layer_state_bytes(config);
   timing.cold_bytes = cold_bytes();
   timing.layers = std::clamp<int64_t>((timing.cold_bytes + layer_bytes - 1) / layer_bytes, 1, kMaxLayers);
@@ -256,7 +256,7 @@ constexpr const char* kSummary =
 struct SpecMeasurement {
   SpecBenchConfig config;
   SpecPlan plan;
-  SpecTiming timing;
+  ConfigTiming timing;
   double baseline_bytes = 0, replay_bytes = 0;
   double standard_slot = 0, baseline_slot = 0, replay_slot = 0;
 };
@@ -312,7 +312,7 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
 
 }  // namespace
 
-SpecTiming time_spec_configuration(const SpecBenchConfig& config, DeviceType device) {
+ConfigTiming time_spec_configuration(const SpecBenchConfig& config, DeviceType device) {
   if (device == DeviceType::kCuda) {
 #if defined(REPLAYSSM_WITH_CUDA)
     return time_cuda_spec_configuration(config);
@@ -387,17 +387,13 @@ int run_spec_bench(const std::vector<std::string>& argv, const std::string& comm
                         100 * base_rate / copy.best_bytes_per_s, m.timing.replay_step_s * 1e6, replay_rate / 1e9,
                         100 * replay_rate / copy.best_bytes_per_s, m.timing.baseline_step_s / m.timing.replay_step_s,
                         m.baseline_slot / m.standard_slot, m.replay_slot / m.standard_slot);
-            if (m.timing.rotated_state_bytes < m.timing.cold_bytes)
-              std::printf("  (only %" PRId64 " MiB of state rotated: some steps may hit the caches)\n",
-                          m.timing.rotated_state_bytes >> 20);
+            print_cache_note(m.timing);
             std::fflush(stdout);
             results.push_back(m);
           }
   if (!json_path.empty()) {
     write_json(json_file, command_line, device, copy, results);
-    json_file.close();
-    if (!json_file) throw std::runtime_error("writing '" + json_path + "' failed");
-    std::printf("\nwrote %s\n", json_path.c_str());
+    finish_json(json_file, json_path);
   }
   return 0;
 }

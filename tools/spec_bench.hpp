@@ -85,18 +85,12 @@ struct SpecModel {
   TensorView accepted_at(int64_t s) const;
 };
 
-struct SpecTiming : WindowTiming {
-  int64_t layers = 0;
-  int64_t rotated_state_bytes = 0;  // checkpoints and baseline states of all layer copies
-  int64_t cold_bytes = 0;
-};
-
 // Layer state bytes (checkpoint + baseline states) of one copy.
 int64_t spec_layer_state_bytes(const SpecBenchConfig& config);
 
-SpecTiming time_spec_configuration(const SpecBenchConfig& config, DeviceType device);
+ConfigTiming time_spec_configuration(const SpecBenchConfig& config, DeviceType device);
 // bench_cuda.cu (CUDA builds only).
-SpecTiming time_cuda_spec_configuration(const SpecBenchConfig& config);
+ConfigTiming time_cuda_spec_configuration(const SpecBenchConfig& config);
 
 // The --spec mode of `replayssm bench`.
 int run_spec_bench(const std::vector<std::string>& argv, const std::string& command_line);
