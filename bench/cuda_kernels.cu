@@ -1,5 +1,6 @@
 // Tuning driver for the CUDA decode kernels: times the baseline and ReplaySSM at forced launch
-// configurations (rows of head_dim per CTA, route), with the method of `replayssm bench`: whole
+// configurations (rows of head_dim per CTA, route; the replay with its window work in the decode
+// kernel and as a kernel of its own, with a workspace), with the method of `replayssm bench`: whole
 // windows of L steps captured in CUDA graphs, layer copies rotated past twice the L2, rows
 // desynchronised, medians, copy bandwidth measured in the same run.
 //
@@ -154,8 +155,8 @@ int run(int argc, char** argv) {
   const double copy = copy_bandwidth(stream);
   std::printf("copy bandwidth %.1f GB/s; %s state, %s act, L=%lld, route %s\n", copy / 1e9,
               argv[1], argv[2], (long long)L, route_name(route));
-  std::printf("%6s %5s %6s | %9s %6s | %9s %6s | %7s\n", "batch", "rows", "layers", "base us",
-              "%copy", "replay us", "%copy", "speedup");
+  std::printf("%6s %5s %6s | %9s %6s | %9s %6s %7s | %9s %6s %7s\n", "batch", "rows", "layers",
+              "base us", "%copy", "fused us", "%copy", "speedup", "split us", "%copy", "speedup");
 
   for (const int64_t batch : batches) {
     const int64_t state_bytes = batch * H * P * N * dtype_size(state_dtype);
@@ -189,11 +190,12 @@ int run(int argc, char** argv) {
     step.out = out.view();
     const CursorParams advance =
         validate_advance(cursors.view(), L, indices.view(), -1, Backend::kCuda);
+    DeviceMemory workspace(DType::kInt8, {replay_decode_workspace_bytes(batch, H, P)});
     std::vector<ReplayParams> params;
     for (const auto& c : caches) {
       ReplayCache cache{c->state.view(), c->x_cache.view(), c->B_cache.view(), c->dt_cache.view(),
                         cursors.view()};
-      params.push_back(validate_replay_decode(cache, step, route, Backend::kCuda));
+      params.push_back(validate_replay_decode(cache, step, route, Backend::kCuda, workspace.view()));
     }
 
     for (const int64_t rows : rows_list) {
@@ -202,28 +204,36 @@ int run(int argc, char** argv) {
         for (int64_t s = 0; s < L; ++s)
           for (const ReplayParams& p : params) cuda::selective_state_update(p, config, stream);
       });
-      GraphTimer replay(stream, [&] {
-        for (int64_t s = 0; s < L; ++s) {
-          for (const ReplayParams& p : params) cuda::replay_decode(p, config, stream);
-          cuda::replay_advance(advance, stream);
-        }
-      });
-      std::vector<double> base_s, replay_s;
+      auto replay_timer = [&](int window_kernel) {
+        const cuda::LaunchConfig replay_config{int(rows), window_kernel};
+        return std::make_unique<GraphTimer>(stream, [&] {
+          for (int64_t s = 0; s < L; ++s) {
+            for (const ReplayParams& p : params) cuda::replay_decode(p, replay_config, stream);
+            cuda::replay_advance(advance, stream);
+          }
+        });
+      };
+      const auto fused = replay_timer(0), split = replay_timer(1);
+      std::vector<double> base_s, fused_s, split_s;
       baseline.seconds();
-      replay.seconds();
+      fused->seconds();
+      split->seconds();
       for (int w = 0; w < kWindows; ++w) {
         base_s.push_back(baseline.seconds());
-        replay_s.push_back(replay.seconds());
+        fused_s.push_back(fused->seconds());
+        split_s.push_back(split->seconds());
       }
       const double steps = double(L * layers);
-      const double base_step = median(base_s) / steps, replay_step = median(replay_s) / steps;
+      const double base_step = median(base_s) / steps, fused_step = median(fused_s) / steps,
+                   replay_step = median(split_s) / steps;
       const double base_bytes = tool::baseline_bytes_per_step(g, batch, state_dtype, act);
       const double replay_bytes = tool::replay_bytes_per_step(g, batch, L, state_dtype, act);
       const int shown_rows = rows > 0 ? int(rows) : cuda::auto_launch_config(params.front()).rows_per_cta;
-      std::printf("%6lld %4d%s %6lld | %9.2f %5.1f%% | %9.2f %5.1f%% | %6.3fx\n", (long long)batch,
-                  shown_rows, rows > 0 ? " " : "*", (long long)layers, base_step * 1e6,
-                  100 * base_bytes / base_step / copy, replay_step * 1e6,
-                  100 * replay_bytes / replay_step / copy, base_step / replay_step);
+      std::printf("%6lld %4d%s %6lld | %9.2f %5.1f%% | %9.2f %5.1f%% %6.3fx | %9.2f %5.1f%% %6.3fx\n",
+                  (long long)batch, shown_rows, rows > 0 ? " " : "*", (long long)layers,
+                  base_step * 1e6, 100 * base_bytes / base_step / copy, fused_step * 1e6,
+                  100 * replay_bytes / fused_step / copy, base_step / fused_step,
+                  replay_step * 1e6, 100 * replay_bytes / replay_step / copy, base_step / replay_step);
       std::fflush(stdout);
     }
   }

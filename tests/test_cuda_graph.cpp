@@ -199,7 +199,8 @@ class Layer {
 
 bool cuda_available() { return built_with_cuda() && cuda_device_count() > 0; }
 
-using GraphParam = std::tuple<Shape, int64_t, ReplayRoute>;  // geometry, L, route
+// geometry, L, route, with a workspace (the split window kernel)
+using GraphParam = std::tuple<Shape, int64_t, ReplayRoute, bool>;
 
 class CudaGraphTest : public ::testing::TestWithParam<GraphParam> {};
 
@@ -209,9 +210,10 @@ class CudaGraphTest : public ::testing::TestWithParam<GraphParam> {};
 // device only.
 TEST_P(CudaGraphTest, ReplayedGraphMatchesOracleAcrossFlushes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto [shape, L, route] = GetParam();
+  const auto [shape, L, route, with_workspace] = GetParam();
   const int64_t batch = 6, slots = 9, steps = 3 * L + batch + 2;
   Layer layer(shape, batch, slots, L, 7 + uint64_t(L));
+  DeviceArray workspace(size_t(replay_decode_workspace_bytes(batch, shape.H, shape.P) / 4));
   auto row_slot = [&](int64_t row, int64_t step) -> int32_t {
     if (row == batch - 1 || step < row) return int32_t(Layer::kPad);
     return int32_t((row * 4 + 1) % slots);  // distinct slots, some never used
@@ -222,6 +224,7 @@ TEST_P(CudaGraphTest, ReplayedGraphMatchesOracleAcrossFlushes) {
   ExecOptions options;
   options.backend = Backend::kCuda;
   options.cuda_stream = stream;
+  if (with_workspace) options.workspace = workspace.view(DType::kFloat32, {int64_t(workspace.host.size())});
   const Mamba2Step step = layer.step();
   const ReplayCache cache = layer.cache();
 
@@ -266,29 +269,41 @@ std::string graph_param_name(const ::testing::TestParamInfo<GraphParam>& info) {
          std::to_string(s.G) + "_L" + std::to_string(std::get<1>(info.param)) + "_" +
          (route == ReplayRoute::kAuto         ? "auto"
           : route == ReplayRoute::kOutputOnly ? "outputonly"
-                                              : "stateandoutput");
+                                              : "stateandoutput") +
+         (std::get<3>(info.param) ? "_workspace" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, CudaGraphTest,
-                         ::testing::Values(GraphParam{kVectorised, 4, ReplayRoute::kAuto},
-                                           GraphParam{kVectorised, 3, ReplayRoute::kStateAndOutput},
-                                           GraphParam{kWide, 5, ReplayRoute::kOutputOnly},
-                                           GraphParam{kOdd, 4, ReplayRoute::kAuto},
-                                           GraphParam{kOdd, 1, ReplayRoute::kOutputOnly}),
-                         graph_param_name);
+// Each case without and with a workspace.
+std::vector<GraphParam> graph_cases() {
+  std::vector<GraphParam> cases;
+  for (bool workspace : {false, true})
+    for (auto [shape, L, route] : {std::tuple{kVectorised, int64_t(4), ReplayRoute::kAuto},
+                                   std::tuple{kVectorised, int64_t(3), ReplayRoute::kStateAndOutput},
+                                   std::tuple{kWide, int64_t(5), ReplayRoute::kOutputOnly},
+                                   std::tuple{kOdd, int64_t(4), ReplayRoute::kAuto},
+                                   std::tuple{kOdd, int64_t(1), ReplayRoute::kOutputOnly}})
+      cases.push_back(GraphParam{shape, L, route, workspace});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaGraphTest, ::testing::ValuesIn(graph_cases()), graph_param_name);
 
 // A batch padded far beyond its requests (most rows pad, interleaved): the baseline and ReplaySSM
 // write only the rows that carry a request and leave unused slots untouched.
-TEST(CudaPaddedBatch, PadRowsAndUnusedSlotsUntouched) {
+class CudaPaddedBatch : public ::testing::TestWithParam<bool> {};  // with a workspace
+
+TEST_P(CudaPaddedBatch, PadRowsAndUnusedSlotsUntouched) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Shape shape = kVectorised;
   const int64_t batch = 16, slots = 8, L = 4;
   Layer layer(shape, batch, slots, L, 11);
+  DeviceArray workspace(size_t(replay_decode_workspace_bytes(batch, shape.H, shape.P) / 4));
   std::vector<int32_t> slots_now(size_t(batch), int32_t(Layer::kPad));
   for (int64_t r : {1, 6, 7, 12}) slots_now[size_t(r)] = int32_t((r * 3) % slots);
   const std::vector<float> initial_state = layer.state.host;
   ExecOptions options;
   options.backend = Backend::kCuda;
+  if (GetParam()) options.workspace = workspace.view(DType::kFloat32, {int64_t(workspace.host.size())});
 
   for (int64_t s = 0; s < 2 * L; ++s) {  // ReplaySSM: two windows, one flush each
     layer.new_inputs(slots_now);
@@ -312,6 +327,49 @@ TEST(CudaPaddedBatch, PadRowsAndUnusedSlotsUntouched) {
     if (used) continue;
     for (int64_t i = slot * slot_size; i < (slot + 1) * slot_size; ++i)
       ASSERT_EQ(layer.state.host[i], initial_state[i]) << "unused slot " << slot << " was written";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaPaddedBatch, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "workspace" : "fused");
+                         });
+
+// A workspace too small for the call, or misaligned, is refused with its numbers before anything
+// is written.
+TEST(CudaWorkspace, TooSmallOrMisalignedIsRefusedAndNothingWritten) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Shape shape = kVectorised;
+  const int64_t batch = 4, slots = 4, L = 4;
+  Layer layer(shape, batch, slots, L, 13);
+  layer.new_inputs({0, 1, 2, 3});
+  layer.upload_inputs(nullptr);
+  const int64_t needed = replay_decode_workspace_bytes(batch, shape.H, shape.P);
+  EXPECT_EQ(needed, 4 * batch * shape.H * (shape.P + 1));
+  DeviceArray memory(size_t(needed / 4 + 4));
+  ExecOptions options;
+  options.backend = Backend::kCuda;
+  auto expect_refused = [&](const TensorView& workspace, const std::string& message) {
+    options.workspace = workspace;
+    try {
+      replay_decode(layer.cache(), layer.step(), ReplayRoute::kAuto, options);
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    TEST_CUDA(cudaDeviceSynchronize());
+  };
+  expect_refused(memory.view(DType::kInt8, {needed - 1}),
+                 "workspace holds " + std::to_string(needed - 1) + " bytes but batch=4, nheads=8, "
+                 "head_dim=64 need " + std::to_string(needed));
+  TensorView shifted = memory.view(DType::kInt8, {needed + 8});
+  shifted.data = static_cast<char*>(shifted.data) + 4;
+  shifted.shape[0] = needed;
+  expect_refused(shifted, "workspace must be 16-byte aligned");
+  for (DeviceArray* a : {&layer.out, &layer.state, &layer.x_cache, &layer.cursors}) {
+    const std::vector<float> before = a->host;
+    a->download(nullptr);
+    EXPECT_EQ(std::memcmp(before.data(), a->host.data(), 4 * before.size()), 0);
   }
 }
 

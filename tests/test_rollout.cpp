@@ -169,14 +169,18 @@ std::vector<RolloutConfig> low_precision_cases() {
   return cases;
 }
 
-// Each case on the reference, CPU and CUDA backends.
+// Each case on the reference, CPU and CUDA backends, and on CUDA with a workspace (the split path).
 std::vector<RolloutConfig> on_every_backend(const std::vector<RolloutConfig>& cases) {
   std::vector<RolloutConfig> all;
-  for (const RolloutConfig& c : cases)
+  for (const RolloutConfig& c : cases) {
     for (Backend backend : {Backend::kReference, Backend::kCpu, Backend::kCuda}) {
       all.push_back(c);
       all.back().backend = backend;
     }
+    all.push_back(c);
+    all.back().backend = Backend::kCuda;
+    all.back().workspace = true;
+  }
   return all;
 }
 

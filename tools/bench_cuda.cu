@@ -175,9 +175,14 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   });
   BENCH_CUDA_CHECK(cudaDeviceSynchronize());
 
+  // The replay gets a workspace, as a serving engine would give it (one for every layer).
+  const Geometry& g = config.geometry;
+  const Tensor workspace(*memory, DType::kInt8,
+                         {replay_decode_workspace_bytes(config.batch, g.heads, g.head_dim)});
   ExecOptions options;
   options.backend = Backend::kCuda;
   options.cuda_stream = timer.stream;
+  options.workspace = workspace.view();
   const Graph baseline(timer.stream, [&] {
     for (int64_t s = 0; s < config.buffer_len; ++s) model.baseline_step(options);
   });

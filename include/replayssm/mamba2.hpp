@@ -25,6 +25,13 @@ const char* backend_name(Backend backend);
 struct ExecOptions {
   Backend backend = Backend::kAuto;
   void* cuda_stream = nullptr;  // cudaStream_t the CUDA backend launches on (nullptr: default stream)
+  // Caller-owned scratch of replay_decode on the CUDA backend (other calls and backends ignore
+  // it): a contiguous 1-D device tensor of any dtype holding at least
+  // replay_decode_workspace_bytes(batch, nheads, head_dim) bytes, 16-byte aligned. With it the
+  // window work of non-flush rows runs as a kernel of its own, once per group of heads, ahead of
+  // a lean read of the checkpoint (the faster path at large batch); without it, one kernel does
+  // both. Its contents are scratch between calls: layers can share one workspace on one stream.
+  TensorView workspace{};
 };
 
 // One decode step of one Mamba-2 layer. H heads of P channels, G groups of N state channels
@@ -79,10 +86,10 @@ struct ReplayCache {
   TensorView B_cache;   // (slots, G, L, N) act
   TensorView dt_cache;  // (slots, H, L) fp32: raw dt as given (before dt_bias and softplus)
   TensorView cursors;   // (slots) int32
-  TensorView state_scale;  // (slots, H, P) fp32: required iff state is int8 / float8_e4m3fn
+  TensorView state_scale{};  // (slots, H, P) fp32: required iff state is int8 / float8_e4m3fn
   bool stochastic_rounding = false;  // off: flushes round to nearest even
-  TensorView rounding_seed;  // (2) int32, the Philox key: required iff stochastic_rounding
-  TensorView flush_counts;   // (slots) int32, flushes per slot: required iff stochastic_rounding
+  TensorView rounding_seed{};  // (2) int32, the Philox key: required iff stochastic_rounding
+  TensorView flush_counts{};   // (slots) int32, flushes per slot: required iff stochastic_rounding
 };
 
 // How a non-flush step computes its output. Flush steps always form the state.
@@ -100,6 +107,9 @@ const char* route_name(ReplayRoute route);
 //   rows (B_cache by the first head of each group); cursors, rounding_seed: read only; out: written.
 void replay_decode(const ReplayCache& cache, const Mamba2Step& step,
                    ReplayRoute route = ReplayRoute::kAuto, const ExecOptions& options = {});
+
+// Bytes of ExecOptions::workspace that a CUDA replay_decode of this shape needs.
+int64_t replay_decode_workspace_bytes(int64_t batch, int64_t nheads, int64_t head_dim);
 
 // cursors[slot] = (cursors[slot] + 1) % buffer_len for the slot of every non-pad row
 // (state_batch_indices absent: every slot). cursors: mutated.

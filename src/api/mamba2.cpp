@@ -1,6 +1,8 @@
 // The public entry points: validate, then hand the flattened call to the chosen backend.
 #include "replayssm/mamba2.hpp"
 
+#include <string>
+
 #include "api/validate.hpp"
 #include "cpu/mamba2_cpu.hpp"
 #include "reference/mamba2_reference.hpp"
@@ -42,12 +44,20 @@ void selective_state_update(const TensorView& state, const Mamba2Step& step,
 void replay_decode(const ReplayCache& cache, const Mamba2Step& step, ReplayRoute route,
                    const ExecOptions& options) {
   const Backend backend = resolve_backend(options.backend, cache.state.device);
-  const ReplayParams p = validate_replay_decode(cache, step, route, backend);
+  const ReplayParams p = validate_replay_decode(cache, step, route, backend, options.workspace);
   switch (backend) {
     case Backend::kReference: return reference::replay_decode(p);
     case Backend::kCuda: return device::replay_decode(p, options.cuda_stream);
     default: return cpu::replay_decode(p);
   }
+}
+
+int64_t replay_decode_workspace_bytes(int64_t batch, int64_t nheads, int64_t head_dim) {
+  if (batch < 0 || nheads < 0 || head_dim < 0)
+    throw InvalidArgument("replayssm: replay_decode_workspace_bytes(batch=" + std::to_string(batch) +
+                          ", nheads=" + std::to_string(nheads) + ", head_dim=" +
+                          std::to_string(head_dim) + "): sizes must not be negative");
+  return 4 * replay_workspace_floats(batch, nheads, head_dim);
 }
 
 void replay_advance(const TensorView& cursors, int64_t buffer_len,

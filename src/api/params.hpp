@@ -66,7 +66,14 @@ struct ReplayParams : Mamba2Params {
   int64_t rounding_seed_stride = 1;
   int32_t* flush_counts = nullptr;  // (slots), stochastic rounding only
   int64_t flush_counts_stride = 1;
+  // CUDA only, or nullptr: the window kernel's results, read by the decode kernel. The history
+  // sums of each (row, head) (batch, H, P), then the checkpoint decays (batch, H).
+  float* workspace = nullptr;
 };
+
+constexpr int64_t replay_workspace_floats(int64_t batch, int64_t nheads, int64_t head_dim) {
+  return batch * nheads * (head_dim + 1);
+}
 
 struct CursorParams {
   int32_t device_index = 0;  // the CUDA device of the cursors (CUDA backend)

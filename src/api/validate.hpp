@@ -10,8 +10,10 @@ namespace replayssm {
 Backend resolve_backend(Backend requested, Device device);
 
 Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& step, Backend backend);
+// `workspace` (ExecOptions::workspace) is checked and used on the CUDA backend only.
 ReplayParams validate_replay_decode(const ReplayCache& cache, const Mamba2Step& step,
-                                    ReplayRoute route, Backend backend);
+                                    ReplayRoute route, Backend backend,
+                                    const TensorView& workspace = {});
 CursorParams validate_advance(const TensorView& cursors, int64_t buffer_len,
                               const TensorView& state_batch_indices, int64_t pad_slot_id,
                               Backend backend);

@@ -134,6 +134,13 @@ void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, cudaStream_t 
   }
 }
 
+// The split path needs the caller's workspace and the output-only route (the state-and-output
+// route forms every row's state in the decode kernel anyway).
+bool uses_window_kernel(const ReplayParams& p, const LaunchConfig& config) {
+  if (!p.workspace || p.route == ReplayRoute::kStateAndOutput) return false;
+  return config.window_kernel != 0;
+}
+
 // Stochastic rounding: each flush row counts its flush once every head of the row has drawn its
 // bits from the old count (a kernel of its own, after the decode kernel).
 __global__ void count_flushes_kernel(const ReplayParams p) {
@@ -190,7 +197,9 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   const RowLayoutKind kind = choose_layout(p, &p);
   const int rows = rows_per_cta_for(p, &p, kind, config);
   if (p.batch == 0) return;
-  launch(p, kind, rows, static_cast<cudaStream_t>(stream));
+  ReplayParams run = p;
+  if (!uses_window_kernel(p, config)) run.workspace = nullptr;
+  launch(run, kind, rows, static_cast<cudaStream_t>(stream));
   if (p.stochastic_rounding) {
     const unsigned blocks = unsigned((p.batch + kCursorThreads - 1) / kCursorThreads);
     count_flushes_kernel<<<blocks, kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);

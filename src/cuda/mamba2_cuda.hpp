@@ -3,7 +3,7 @@
 // Serving-engine rules that every function here keeps:
 // - it launches on the caller's stream (nullptr: the default stream) and nowhere else, on the
 //   device of the tensors (made current for the call when the caller's current device differs);
-// - it allocates nothing and needs no scratch memory (so there is no scratch-size query), never
+// - it allocates nothing (replay_decode's optional scratch is the caller's workspace), never
 //   synchronises with the host and never reads a cursor on the host: it can be captured in a CUDA
 //   graph and replayed, the flush being decided per row on the device;
 // - the grid depends only on the (padded) batch, the geometry and the dtypes;
@@ -24,6 +24,9 @@ void replay_reset(const CursorParams& p, void* stream);
 // How a decode kernel is launched. One CTA handles one (row, head, chunk of head_dim rows).
 struct LaunchConfig {
   int rows_per_cta = 0;  // head_dim rows per CTA; 0 picks it from the batch and the device
+  // A replay with a workspace and the output-only route: 1 runs the window work of non-flush rows
+  // as a kernel of its own (the split path), 0 inside the decode kernel, -1 picks.
+  int window_kernel = -1;
 };
 
 // The configuration the automatic choice makes for a baseline / replay call (never 0 rows).

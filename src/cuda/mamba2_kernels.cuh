@@ -112,6 +112,16 @@ __device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity)
   } while (!done);
 }
 
+// Programmatic dependent launch (sm_90): the decode kernel of the split path is launched while
+// the window kernel still runs. Both are no-ops in a kernel launched without the attribute.
+__device__ __forceinline__ void allow_dependent_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Waits until the kernel this one depends on has finished and its writes are visible.
+__device__ __forceinline__ void wait_for_prior_kernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 // The compile-time view of a RowLayout.
 template <typename S, RowLayoutKind kKind> struct Layout {
   static constexpr RowLayout kSpec = make_row_layout(int(sizeof(S)), kKind);
@@ -420,13 +430,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
   }
 }
 
-// Warp 0: the effective dt of the window's count = cursor + 1 tokens (two per lane), their weights
-// weight_j = dt_j exp(A sum_{i>j} dt_i) and the checkpoint decay exp(A sum_i dt_i). The sums over
-// later tokens are backward suffix sums, never differences of prefix sums.
-// raw_dt holds the raw dt of tokens lane and lane + 32.
+// One warp: the effective dt of the window's count = cursor + 1 tokens (two per lane), their
+// weights weight_j = dt_j exp(A sum_{i>j} dt_i) (into weights[0, 64)) and the checkpoint decay
+// exp(A sum_i dt_i) (into *decay). The sums over later tokens are backward suffix sums, never
+// differences of prefix sums. raw_dt holds the raw dt of tokens lane and lane + 32.
 __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int cursor, float A,
-                                               float bias, bool dt_softplus, float* window) {
-  const int lane = threadIdx.x;
+                                               float bias, bool dt_softplus, float* weights,
+                                               float* decay) {
+  const int lane = threadIdx.x % 32;
   float dt[2], later[2], total[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -450,9 +461,146 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int cur
     later[0] = upper;
     later[1] = 0.f;
   }
-  window[kWeightsOffset + lane] = dt[0] * expf(A * later[0]);
-  window[kWeightsOffset + lane + 32] = dt[1] * expf(A * later[1]);
-  if (lane == 0) window[kDecayOffset] = expf(A * total[0]);
+  weights[lane] = dt[0] * expf(A * later[0]);
+  weights[lane + 32] = dt[1] * expf(A * later[1]);
+  if (lane == 0) *decay = expf(A * total[0]);
+}
+
+// The split path's first kernel (a workspace was given): the window work of the non-flush rows,
+// done once per (batch row, up to window_heads() heads of one group) rather than in every CTA of
+// the decode kernel. Per head it writes the checkpoint decay and each head_dim row's history sum
+//   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i
+// to the workspace, and appends this step's x, B and raw dt at the cursor. Pad rows, corrupt
+// cursors and flush rows are left to the decode kernel.
+template <typename Act>
+__global__ void __launch_bounds__(kThreads) replay_window_kernel(const ReplayParams p,
+                                                                 int heads_per_cta) {
+  __shared__ float weights[kMaxWindowHeads][kMaxBufferLen];
+  __shared__ float decay[kMaxWindowHeads];
+  __shared__ float D_s[kMaxWindowHeads];
+  __shared__ float bc[kMaxBufferLen];  // B_j . C
+  allow_dependent_launch();  // the decode kernel may start its checkpoint copies now
+  constexpr int kWarps = kThreads / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim);
+  const int chunks = (hpg + heads_per_cta - 1) / heads_per_cta;
+  const int group = int(blockIdx.x) / chunks;
+  const int first_head = group * hpg + (int(blockIdx.x) % chunks) * heads_per_cta;
+  const int heads = min(heads_per_cta, (group + 1) * hpg - first_head);
+  const int row = int(blockIdx.y);
+  const int64_t slot = device_slot(p, row);
+  if (slot < 0) return;
+  const int cursor = load_one(p.cursors + slot * p.cursors_stride);
+  if (cursor < 0 || cursor >= int(p.buffer_len) - 1) return;
+  const int count = cursor + 1;
+
+  // Per head (one warp each): the weights and decay of the window; this step's raw dt appended.
+  for (int k = warp; k < heads; k += kWarps) {
+    const int h = first_head + k;
+    const float raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + h * p.dt_stride_head);
+    float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;  // (L)
+    float raw_dt[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int j = lane + 32 * half;
+      raw_dt[half] = j < cursor ? __ldg(dt_hist + j) : raw_now;
+    }
+    window_weights(raw_dt, cursor, head_value(p.A, h, 0.f), head_value(p.dt_bias, h, 0.f),
+                   p.dt_softplus, weights[k], &decay[k]);
+    if (lane == 0) {
+      D_s[k] = head_value(p.D, h, 0.f);
+      dt_hist[cursor] = raw_now;
+    }
+  }
+  // B_j . C for every token of the window (one warp per token; kTokens tokens' loads in flight).
+  const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
+  const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
+  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
+                group * p.Bc_stride_group;  // (L, N), position stride Bc_stride_pos
+  constexpr int kPerLane = kMaxStateDim / 32, kTokens = 4;
+  float c[kPerLane];
+#pragma unroll
+  for (int v = 0; v < kPerLane; ++v) c[v] = lane + 32 * v < N ? to_float(load_one(C + lane + 32 * v)) : 0.f;
+  for (int j0 = warp; j0 < count; j0 += kTokens * kWarps) {
+    Act b[kTokens][kPerLane];
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      const int j = j0 + t * kWarps;
+      const Act* B_j = j < cursor ? B_hist + j * p.Bc_stride_pos : B_now;
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v)
+        if (j < count && lane + 32 * v < N) b[t][v] = load_one(B_j + lane + 32 * v);
+    }
+    float sum[kTokens];
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      sum[t] = 0.f;
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v)
+        if (lane + 32 * v < N) sum[t] = fmaf(to_float(b[t][v]), c[v], sum[t]);
+    }
+    row_group_sums<32>(sum);
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+      if (lane == 0 && j0 + t * kWarps < count) bc[j0 + t * kWarps] = sum[t];
+  }
+  if (first_head == group * hpg) {  // the group's first head appends B
+    for (int n = threadIdx.x; n < N; n += kThreads) B_hist[cursor * p.Bc_stride_pos + n] = load_one(B_now + n);
+  }
+  __syncthreads();
+
+  // The history sums: thread t takes the (head, row) pairs t, t + kThreads, ... (kWindowItems a
+  // pass), kTokens tokens' loads of all of them in flight at once.
+  const int pairs = heads * P;
+  for (int base = 0; base < pairs; base += kWindowItems * kThreads) {
+    int64_t x_at[kWindowItems];  // element offset of pair m's (head, row) in x_cache, position 0
+    Act now[kWindowItems];
+    float acc[kWindowItems];
+#pragma unroll
+    for (int m = 0; m < kWindowItems; ++m) {
+      const int pair = base + m * kThreads + threadIdx.x;
+      const int k = pair / P, i = pair - k * P, h = first_head + k;
+      x_at[m] = slot * p.xc_stride_slot + h * p.xc_stride_head + i;
+      if (pair < pairs)
+        now[m] = load_one(static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i);
+      acc[m] = 0.f;
+    }
+    const Act* x_hist = static_cast<const Act*>(p.x_cache);
+    for (int j0 = 0; j0 < count; j0 += kTokens) {
+      Act xs[kTokens][kWindowItems];
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+#pragma unroll
+        for (int m = 0; m < kWindowItems; ++m) {
+          const int j = j0 + t;
+          const bool valid = base + m * kThreads + int(threadIdx.x) < pairs;
+          xs[t][m] = valid && j < cursor ? load_one(x_hist + x_at[m] + j * p.xc_stride_pos) : now[m];
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        const int j = j0 + t;
+        if (j >= count) break;
+#pragma unroll
+        for (int m = 0; m < kWindowItems; ++m) {
+          const int k = (base + m * kThreads + int(threadIdx.x)) / P;
+          if (k < heads) acc[m] = fmaf(weights[k][j] * bc[j], to_float(xs[t][m]), acc[m]);
+        }
+      }
+    }
+    float* hist = p.workspace + (int64_t(row) * p.nheads + first_head) * P;  // (heads, P)
+#pragma unroll
+    for (int m = 0; m < kWindowItems; ++m) {
+      const int pair = base + m * kThreads + threadIdx.x;
+      if (pair < pairs) {
+        hist[pair] = fmaf(D_s[pair / P], to_float(now[m]), acc[m]);
+        static_cast<Act*>(p.x_cache)[x_at[m] + cursor * p.xc_stride_pos] = now[m];
+      }
+    }
+  }
+  if (int(threadIdx.x) < heads)
+    p.workspace[p.batch * p.nheads * P + int64_t(row) * p.nheads + first_head + threadIdx.x] =
+        decay[threadIdx.x];
 }
 
 // ReplaySSM standard decode. The window is the cached history (positions 0 .. cursor-1) plus this
@@ -480,7 +628,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
   const int64_t slot = device_slot(p, w.row);
-  if (slot < 0) return;
+  // Every exit waits for the window kernel of the split path (a no-op without it), so that this
+  // kernel's completion implies that one's.
+  if (slot < 0) return wait_for_prior_kernel();
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot +
              w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
@@ -522,11 +672,47 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   }
   if (cursor < 0 || cursor >= L) {  // a corrupt cursor: skip the row, touch nothing
     wait_tile<Ly>(barrier);         // (after the copy into this CTA's shared memory has landed)
-    return;
+    return wait_for_prior_kernel();
   }
 
   const int count = cursor + 1;
   const bool flush = cursor == L - 1;
+  if (p.workspace && output_only && !flush) {
+    // Split path: the window kernel has appended the token and left the decay and each row's
+    // history sum (D x included) in the workspace; y = decay (S0 C) + hist.
+    wait_for_prior_kernel();
+    const int64_t head_index = int64_t(w.row) * p.nheads + w.head;
+    const float decay = p.workspace[p.batch * p.nheads * p.head_dim + head_index];
+    float* hist_s = x_s;  // (rows)
+    if (int(threadIdx.x) < w.rows) {
+      hist_s[threadIdx.x] = p.workspace[head_index * p.head_dim + w.first + threadIdx.x];
+      if (gated) z_s[threadIdx.x] = z_mine;
+      if (CheckpointFormat<S>::kScaled) scale_s[threadIdx.x] = scale_mine;
+    }
+    wait_tile_all<Ly>(barrier);
+    Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch +
+               w.head * p.out_stride_head + w.first;  // (rows)
+    const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+    for (int batch = 0; batch < batches; ++batch) {
+      float y[Ly::kRows];
+#pragma unroll
+      for (int k = 0; k < Ly::kRows; ++k) {
+        const int i = chunk_row<Ly>(batch, k, group);
+        float s[Ly::kVecsPerLane][Ly::kVec];
+        tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
+        float dot = 0.f;
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+          for (int e = 0; e < Ly::kVec; ++e) dot = fmaf(s[v][e], c[v][e], dot);
+        }
+        y[k] = decay * (CheckpointFormat<S>::kScaled && i < w.rows ? scale_s[i] : 1.f) * dot;
+      }
+      row_group_sums<Ly::kLanes>(y);
+      store_outputs<Ly>(out, y, batch, group, lane, w.rows, 1.f, hist_s, gated ? z_s : nullptr);
+    }
+    return;
+  }
   const bool form_state = flush || !output_only;
   Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
                 w.head * p.xc_stride_head + w.first;  // (L, rows), position stride xc_stride_pos
@@ -575,7 +761,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   }
 
   if (threadIdx.x < 32) {
-    window_weights(raw_dt, cursor, A, bias, p.dt_softplus, window);
+    window_weights(raw_dt, cursor, A, bias, p.dt_softplus, window + kWeightsOffset,
+                   window + kDecayOffset);
     if (threadIdx.x == 0 && !flush && w.chunk == 0) dt_hist[cursor] = raw_dt_now;
   }
   // B_j . C for every token of the window, one token per row group and round.
@@ -713,6 +900,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s + cursor * pitch,
                       gated ? z_s : nullptr);
   }
+  wait_for_prior_kernel();
 }
 
 }  // namespace replayssm::cuda

@@ -40,29 +40,38 @@ void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_p
 template <typename S, typename Act>
 void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
                           cudaStream_t stream) {
-  const dim3 grid = decode_grid(p, rows_per_cta);
-  const size_t smem = size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len,
-                                               make_row_layout(sizeof(S), layout).lanes));
   const bool output_only = p.route != ReplayRoute::kStateAndOutput;
+  // The split path (p.workspace set): the window kernel first, then the decode kernel launched
+  // as its programmatic dependent, so that its checkpoint copies start while the window work runs.
+  if (p.workspace) {
+    const int heads = window_heads(p.head_dim, p.heads_per_group);
+    const dim3 window_grid(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)),
+                           unsigned(p.batch));
+    replay_window_kernel<Act><<<window_grid, kThreads, 0, stream>>>(p, heads);
+    REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+  }
+  cudaLaunchAttribute after_window;
+  after_window.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  after_window.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = decode_grid(p, rows_per_cta);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S),
+                                                     p.buffer_len, make_row_layout(sizeof(S), layout).lanes));
+  config.stream = stream;
+  config.attrs = p.workspace ? &after_window : nullptr;
+  config.numAttrs = p.workspace ? 1 : 0;
   auto run = [&](auto stochastic) {
     constexpr bool kStochastic = decltype(stochastic)::value;
+    auto launch = [&](auto kernel) {
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, rows_per_cta, output_only));
+    };
     switch (layout) {
-      case RowLayoutKind::kN64:
-        replay_decode_kernel<S, Act, RowLayoutKind::kN64, kStochastic>
-            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-        break;
-      case RowLayoutKind::kN128:
-        replay_decode_kernel<S, Act, RowLayoutKind::kN128, kStochastic>
-            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-        break;
-      case RowLayoutKind::kN256:
-        replay_decode_kernel<S, Act, RowLayoutKind::kN256, kStochastic>
-            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-        break;
+      case RowLayoutKind::kN64: return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN64, kStochastic>);
+      case RowLayoutKind::kN128: return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN128, kStochastic>);
+      case RowLayoutKind::kN256: return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN256, kStochastic>);
       case RowLayoutKind::kGeneric:
-        replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic>
-            <<<grid, kThreads, smem, stream>>>(p, rows_per_cta, output_only);
-        break;
+        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic>);
     }
   };
   // An fp32 checkpoint is never rounded (validation refuses stochastic rounding for it).

@@ -42,6 +42,16 @@ constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int
          (kWindowZOffset + 2 * rows_per_cta + buffer_len * window_pitch(rows_per_cta, lanes)) * 4;
 }
 
+// The window kernel of the split path: one CTA per (batch row, up to window_heads() heads of one
+// group), each thread summing the history of kWindowItems (head, head_dim row) pairs at a time.
+constexpr int kMaxWindowHeads = 16;
+constexpr int kWindowItems = 8;
+constexpr int window_heads(int64_t head_dim, int64_t heads_per_group) {
+  const int64_t fit = int64_t(kThreads) * kWindowItems / (head_dim > 0 ? head_dim : 1);
+  const int64_t heads = fit < heads_per_group ? fit : heads_per_group;
+  return heads < 1 ? 1 : heads > kMaxWindowHeads ? kMaxWindowHeads : int(heads);
+}
+
 // The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any
 // N <= kMaxStateDim with scalar accesses (unaligned tensors, other state dims).
 enum class RowLayoutKind { kN64, kN128, kN256, kGeneric };

@@ -103,6 +103,7 @@ std::string RolloutConfig::name() const {
   if (A_per_element) os << "_AHPN";
   if (packed_xbc) os << "_packedxbc";
   if (stochastic_rounding) os << "_sr";
+  if (workspace) os << "_workspace";
   if (mapping == SlotMapping::kIdentity)
     os << (foreign_slots == 0 ? "_identity" : "_identityextraslots");
   if (steps > 0) os << "_steps" << steps;
@@ -194,6 +195,7 @@ Rollout::Rollout(const RolloutConfig& config)
   const DType act = config.act_dtype, state = config.state_dtype;
   const int64_t act_size = dtype_size(act);
   checkpoint_ = Buffer(device_, size_t(slots_ * H_ * P_ * N_ * dtype_size(state)));
+  if (config.workspace) workspace_ = Buffer(device_, size_t(replay_decode_workspace_bytes(batch_, H_, P_)));
   if (has_baseline()) baseline_state_ = Buffer(device_, checkpoint_.bytes());
   if (is_scaled_checkpoint(state)) checkpoint_scale_ = Buffer(device_, size_t(slots_ * H_ * P_ * 4));
   if (config.stochastic_rounding) {
@@ -482,7 +484,9 @@ void Rollout::step() {
   const HostTensor scale_before = scaled ? download_tensor(checkpoint_scale_, DType::kFloat32, scale_shape) : HostTensor();
   const HostTensor baseline_before = has_baseline() ? download_tensor(baseline_state_, state, state_shape) : HostTensor();
 
-  const ExecOptions options{config_.backend};
+  ExecOptions options{config_.backend};
+  if (config_.workspace)
+    options.workspace = workspace_.view(DType::kInt8, {int64_t(workspace_.bytes())});
   ReplayCache cache;
   cache.state = checkpoint_.view(state, state_shape);
   cache.x_cache = x_cache_.view(act, {slots_, H_, L_, P_});

@@ -49,6 +49,7 @@ struct RolloutConfig {
   bool dt_per_channel = false;  // dt as (batch, H, P) with stride 0; D, dt_bias as (H, P)
   bool A_per_element = false;   // A as (H, P, N) with zero strides
   bool packed_xbc = false;      // x, B, C: column slices of one (batch, H*P + 2*G*N) buffer
+  bool workspace = false;       // CUDA: pass ExecOptions::workspace (the split window kernel)
   SlotMapping mapping = SlotMapping::kShuffled;
   int64_t requests = 4;       // rows that carry a request
   int64_t pad_rows = 1;       // rows that are always padding (kShuffled only)
@@ -187,6 +188,7 @@ class Rollout {
   Buffer dt_;                           // (batch, H) dt dtype
   Buffer indices_;                      // (batch) int32
   Buffer reset_slots_;                  // (n) int32: the last replay_reset's slots
+  Buffer workspace_;                    // replay_decode's scratch (config.workspace)
 
   // fp64 oracles (slots, H, P, N): the exact state of every slot, and the exact state since each
   // slot's last checkpoint (restarted from the checkpoint as stored at each flush).
