@@ -199,7 +199,7 @@ class Layer {
 
 bool cuda_available() { return built_with_cuda() && cuda_device_count() > 0; }
 
-// geometry, L, route, with a workspace (the split window kernel)
+// geometry, L, route, with a workspace (and WindowKernel::kSeparate: the split path)
 using GraphParam = std::tuple<Shape, int64_t, ReplayRoute, bool>;
 
 class CudaGraphTest : public ::testing::TestWithParam<GraphParam> {};
@@ -224,7 +224,10 @@ TEST_P(CudaGraphTest, ReplayedGraphMatchesOracleAcrossFlushes) {
   ExecOptions options;
   options.backend = Backend::kCuda;
   options.cuda_stream = stream;
-  if (with_workspace) options.workspace = workspace.view(DType::kFloat32, {int64_t(workspace.host.size())});
+  if (with_workspace) {
+    options.workspace = workspace.view(DType::kFloat32, {int64_t(workspace.host.size())});
+    options.window_kernel = WindowKernel::kSeparate;
+  }
   const Mamba2Step step = layer.step();
   const ReplayCache cache = layer.cache();
 
@@ -303,7 +306,10 @@ TEST_P(CudaPaddedBatch, PadRowsAndUnusedSlotsUntouched) {
   const std::vector<float> initial_state = layer.state.host;
   ExecOptions options;
   options.backend = Backend::kCuda;
-  if (GetParam()) options.workspace = workspace.view(DType::kFloat32, {int64_t(workspace.host.size())});
+  if (GetParam()) {
+    options.workspace = workspace.view(DType::kFloat32, {int64_t(workspace.host.size())});
+    options.window_kernel = WindowKernel::kSeparate;
+  }
 
   for (int64_t s = 0; s < 2 * L; ++s) {  // ReplaySSM: two windows, one flush each
     layer.new_inputs(slots_now);

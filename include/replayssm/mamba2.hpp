@@ -22,16 +22,24 @@ enum class Backend : int32_t {
 
 const char* backend_name(Backend backend);
 
+// Where a CUDA replay_decode given a workspace does the window work of its non-flush rows.
+enum class WindowKernel : int32_t {
+  kAuto,      // by the size of the call: a kernel of its own at large batch, where it is faster
+  kFused,     // in the decode kernel, as without a workspace
+  kSeparate,  // in a kernel of its own, before the decode kernel
+};
+
 struct ExecOptions {
   Backend backend = Backend::kAuto;
   void* cuda_stream = nullptr;  // cudaStream_t the CUDA backend launches on (nullptr: default stream)
   // Caller-owned scratch of replay_decode on the CUDA backend (other calls and backends ignore
   // it): a contiguous 1-D device tensor of any dtype holding at least
   // replay_decode_workspace_bytes(batch, nheads, head_dim) bytes, 16-byte aligned. With it the
-  // window work of non-flush rows runs as a kernel of its own, once per group of heads, ahead of
-  // a lean read of the checkpoint (the faster path at large batch); without it, one kernel does
-  // both. Its contents are scratch between calls: layers can share one workspace on one stream.
+  // window work of non-flush rows can run as a kernel of its own, once per group of heads, ahead
+  // of a lean read of the checkpoint (see window_kernel). Its contents are scratch between calls:
+  // layers can share one workspace on one stream.
   TensorView workspace{};
+  WindowKernel window_kernel = WindowKernel::kAuto;
 };
 
 // One decode step of one Mamba-2 layer. H heads of P channels, G groups of N state channels

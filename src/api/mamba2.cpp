@@ -44,7 +44,8 @@ void selective_state_update(const TensorView& state, const Mamba2Step& step,
 void replay_decode(const ReplayCache& cache, const Mamba2Step& step, ReplayRoute route,
                    const ExecOptions& options) {
   const Backend backend = resolve_backend(options.backend, cache.state.device);
-  const ReplayParams p = validate_replay_decode(cache, step, route, backend, options.workspace);
+  ReplayParams p = validate_replay_decode(cache, step, route, backend, options.workspace);
+  p.window_kernel = options.window_kernel;
   switch (backend) {
     case Backend::kReference: return reference::replay_decode(p);
     case Backend::kCuda: return device::replay_decode(p, options.cuda_stream);

@@ -69,6 +69,7 @@ struct ReplayParams : Mamba2Params {
   // CUDA only, or nullptr: the window kernel's results, read by the decode kernel. The history
   // sums of each (row, head) (batch, H, P), then the checkpoint decays (batch, H).
   float* workspace = nullptr;
+  WindowKernel window_kernel = WindowKernel::kAuto;  // used with a workspace
 };
 
 constexpr int64_t replay_workspace_floats(int64_t batch, int64_t nheads, int64_t head_dim) {

@@ -21,6 +21,10 @@ namespace {
 // the most rows) unless that leaves fewer than this many CTAs per SM: at small batch, smaller
 // chunks put more loads in flight and shorten each CTA's serial work.
 constexpr int64_t kTargetCtasPerSm = 16;
+// The split path (a workspace, WindowKernel::kAuto) from this many decode CTAs per SM: its window
+// kernel costs a few microseconds of latency that only large calls hide (H200, Nemotron-H: faster
+// from batch 128, about 124 CTAs per SM; slower at batch 32).
+constexpr int64_t kWindowKernelMinCtasPerSm = 64;
 constexpr int kMaxDevices = 64;
 constexpr int kCursorThreads = 256;
 constexpr int64_t kMaxGridRows = 65535;  // batch rows run along the grid's y axis
@@ -135,10 +139,26 @@ void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, cudaStream_t 
 }
 
 // The split path needs the caller's workspace and the output-only route (the state-and-output
-// route forms every row's state in the decode kernel anyway).
-bool uses_window_kernel(const ReplayParams& p, const LaunchConfig& config) {
-  if (!p.workspace || p.route == ReplayRoute::kStateAndOutput) return false;
-  return config.window_kernel != 0;
+// route forms every row's state in the decode kernel anyway); it is compiled for the vectorised
+// layouts and for rounding to nearest, and its window kernel bulk-copies whole positions of the
+// x and B caches (16-byte aligned, contiguous along the position axis).
+bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_cta,
+                        const LaunchConfig& config) {
+  const WindowKernel choice = config.window_kernel < 0 ? p.window_kernel
+                              : config.window_kernel == 0 ? WindowKernel::kFused
+                                                          : WindowKernel::kSeparate;
+  if (!p.workspace || p.route == ReplayRoute::kStateAndOutput || p.stochastic_rounding ||
+      kind == RowLayoutKind::kGeneric || choice == WindowKernel::kFused)
+    return false;
+  if (choice == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kWindowKernelMinCtasPerSm * sm_count())
+    return false;
+  const int64_t a = dtype_size(p.act_dtype);
+  const bool copyable =
+      p.xc_stride_pos == p.head_dim && p.Bc_stride_pos == p.state_dim &&
+      aligned(p.x_cache, a, 16, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos}) &&
+      aligned(p.B_cache, a, 16, {p.Bc_stride_slot, p.Bc_stride_group, p.Bc_stride_pos});
+  return copyable &&
+         window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, a) > 0;
 }
 
 // Stochastic rounding: each flush row counts its flush once every head of the row has drawn its
@@ -198,7 +218,7 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   const int rows = rows_per_cta_for(p, &p, kind, config);
   if (p.batch == 0) return;
   ReplayParams run = p;
-  if (!uses_window_kernel(p, config)) run.workspace = nullptr;
+  if (!uses_window_kernel(p, kind, rows, config)) run.workspace = nullptr;
   launch(run, kind, rows, static_cast<cudaStream_t>(stream));
   if (p.stochastic_rounding) {
     const unsigned blocks = unsigned((p.batch + kCursorThreads - 1) / kCursorThreads);

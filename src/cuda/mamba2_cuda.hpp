@@ -25,7 +25,8 @@ void replay_reset(const CursorParams& p, void* stream);
 struct LaunchConfig {
   int rows_per_cta = 0;  // head_dim rows per CTA; 0 picks it from the batch and the device
   // A replay with a workspace and the output-only route: 1 runs the window work of non-flush rows
-  // as a kernel of its own (the split path), 0 inside the decode kernel, -1 picks.
+  // as a kernel of its own (the split path), 0 inside the decode kernel, -1 as the call's
+  // ExecOptions::window_kernel says.
   int window_kernel = -1;
 };
 

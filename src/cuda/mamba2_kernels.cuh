@@ -99,15 +99,18 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       : "memory");
 }
 
+// The waiting thread is suspended until the phase completes (or the hint, 1 ms, runs out) instead
+// of spinning: a spinning warp takes issue slots from the CTAs that compute.
 __device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity) {
+  constexpr unsigned kSuspendHintNs = 1000000;
   unsigned done = 0;
   do {
     asm volatile(
         "{\n .reg .pred complete;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2, %3;\n"
         " selp.u32 %0, 1, 0, complete;\n}"
         : "=r"(done)
-        : "r"(shared_address(barrier)), "r"(parity)
+        : "r"(shared_address(barrier)), "r"(parity), "n"(kSuspendHintNs)
         : "memory");
   } while (!done);
 }
@@ -467,22 +470,26 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int cur
 }
 
 // The split path's first kernel (a workspace was given): the window work of the non-flush rows,
-// done once per (batch row, up to window_heads() heads of one group) rather than in every CTA of
+// done once per (batch row, up to heads_per_cta heads of one group) rather than in every CTA of
 // the decode kernel. Per head it writes the checkpoint decay and each head_dim row's history sum
 //   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i
 // to the workspace, and appends this step's x, B and raw dt at the cursor. Pad rows, corrupt
-// cursors and flush rows are left to the decode kernel.
+// cursors and flush rows are left to the decode kernel. The cached x and B of the window arrive
+// by bulk copies issued as soon as the cursor is known (window_smem_bytes() of shared memory), so
+// that the CTA waits on one memory round trip after it.
 template <typename Act>
-__global__ void __launch_bounds__(kThreads) replay_window_kernel(const ReplayParams p,
-                                                                 int heads_per_cta) {
-  __shared__ float weights[kMaxWindowHeads][kMaxBufferLen];
+__global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const ReplayParams p,
+                                                                       int heads_per_cta) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float weights[kMaxWindowHeads][kMaxBufferLen];  // then the history coefficients
   __shared__ float decay[kMaxWindowHeads];
   __shared__ float D_s[kMaxWindowHeads];
   __shared__ float bc[kMaxBufferLen];  // B_j . C
   allow_dependent_launch();  // the decode kernel may start its checkpoint copies now
-  constexpr int kWarps = kThreads / 32;
+  constexpr int kWarps = kWindowThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim);
+  const int L = int(p.buffer_len);
   const int chunks = (hpg + heads_per_cta - 1) / heads_per_cta;
   const int group = int(blockIdx.x) / chunks;
   const int first_head = group * hpg + (int(blockIdx.x) % chunks) * heads_per_cta;
@@ -491,112 +498,108 @@ __global__ void __launch_bounds__(kThreads) replay_window_kernel(const ReplayPar
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
-  if (cursor < 0 || cursor >= int(p.buffer_len) - 1) return;
+  if (cursor < 0 || cursor >= L - 1) return;
   const int count = cursor + 1;
 
-  // Per head (one warp each): the weights and decay of the window; this step's raw dt appended.
-  for (int k = warp; k < heads; k += kWarps) {
-    const int h = first_head + k;
-    const float raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + h * p.dt_stride_head);
-    float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;  // (L)
-    float raw_dt[2];
+  // The cached history: x of each head (heads, L, P) and B (L, N), positions [0, cursor).
+  uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
+  Act* x_s = reinterpret_cast<Act*>(smem + kTileOffset);
+  Act* B_s = x_s + heads_per_cta * L * P;
+  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
+                first_head * p.xc_stride_head;  // (heads, L, P), contiguous positions
+  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
+                group * p.Bc_stride_group;  // (L, N), contiguous positions
+  if (threadIdx.x == 0 && cursor > 0) {
+    const unsigned x_bytes = unsigned(cursor * P * sizeof(Act)), B_bytes = unsigned(cursor * N * sizeof(Act));
+    barrier_init(barrier);
+    barrier_expect_bytes(barrier, x_bytes * unsigned(heads) + B_bytes);
+    for (int k = 0; k < heads; ++k)
+      bulk_copy_to_shared(x_s + k * L * P, x_hist + k * p.xc_stride_head, x_bytes, barrier);
+    bulk_copy_to_shared(B_s, B_hist, B_bytes, barrier);
+  }
+  // This step's token and the per-head values, in flight with the copies.
+  const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
+  constexpr int kPerLane = kMaxStateDim / 32;
+  float c[kPerLane];
+#pragma unroll
+  for (int v = 0; v < kPerLane; ++v) {
+    const int n = lane + 32 * v;
+    c[v] = n < N ? to_float(load_one(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
+                                     group * p.C_stride_group + n))
+                 : 0.f;
+  }
+  float* dt_hist = nullptr;
+  float raw_dt[2] = {0.f, 0.f}, raw_now = 0.f, A = 0.f, bias = 0.f, D = 0.f;
+  if (warp < heads) {  // warp k: head k's scalars and raw dt, two tokens a lane
+    const int h = first_head + warp;
+    dt_hist = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;  // (L)
+    raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + h * p.dt_stride_head);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int j = lane + 32 * half;
       raw_dt[half] = j < cursor ? __ldg(dt_hist + j) : raw_now;
     }
-    window_weights(raw_dt, cursor, head_value(p.A, h, 0.f), head_value(p.dt_bias, h, 0.f),
-                   p.dt_softplus, weights[k], &decay[k]);
+    A = head_value(p.A, h, 0.f);
+    bias = head_value(p.dt_bias, h, 0.f);
+    D = head_value(p.D, h, 0.f);
+  }
+  Act B_mine[kPerLane];  // B_j of this warp's first token, when it is this step's
+#pragma unroll
+  for (int v = 0; v < kPerLane; ++v)
+    if (warp == cursor % kWarps && lane + 32 * v < N) B_mine[v] = load_one(B_now + lane + 32 * v);
+  // This thread's first (head, row) pair's x.
+  const Act* x_now = static_cast<const Act*>(p.x) + row * p.x_stride_batch;
+  auto x_now_of = [&](int pair) {
+    const int k = pair / P;
+    return load_one(x_now + (first_head + k) * p.x_stride_head + (pair - k * P));
+  };
+  const int pairs = heads * P;
+  const Act first_now = int(threadIdx.x) < pairs ? x_now_of(threadIdx.x) : Act{};
+  // Thread 0 waits for the copies while the others wait at the CTA barrier (after the barrier's
+  // initialisation, which they must not race).
+  if (threadIdx.x == 0 && cursor > 0) barrier_wait(barrier, 0);
+  __syncthreads();
+
+  // Warp k: head k's window weights and decay; this step's raw dt appended.
+  if (warp < heads) {
+    window_weights(raw_dt, cursor, A, bias, p.dt_softplus, weights[warp], &decay[warp]);
     if (lane == 0) {
-      D_s[k] = head_value(p.D, h, 0.f);
+      D_s[warp] = D;
       dt_hist[cursor] = raw_now;
     }
   }
-  // B_j . C for every token of the window (one warp per token; kTokens tokens' loads in flight).
-  const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
-  const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
-  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
-                group * p.Bc_stride_group;  // (L, N), position stride Bc_stride_pos
-  constexpr int kPerLane = kMaxStateDim / 32, kTokens = 4;
-  float c[kPerLane];
+  // B_j . C for every token of the window, one warp per token.
+  for (int j = warp; j < count; j += kWarps) {
+    float sum[1] = {0.f};
 #pragma unroll
-  for (int v = 0; v < kPerLane; ++v) c[v] = lane + 32 * v < N ? to_float(load_one(C + lane + 32 * v)) : 0.f;
-  for (int j0 = warp; j0 < count; j0 += kTokens * kWarps) {
-    Act b[kTokens][kPerLane];
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      const int j = j0 + t * kWarps;
-      const Act* B_j = j < cursor ? B_hist + j * p.Bc_stride_pos : B_now;
-#pragma unroll
-      for (int v = 0; v < kPerLane; ++v)
-        if (j < count && lane + 32 * v < N) b[t][v] = load_one(B_j + lane + 32 * v);
-    }
-    float sum[kTokens];
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      sum[t] = 0.f;
-#pragma unroll
-      for (int v = 0; v < kPerLane; ++v)
-        if (lane + 32 * v < N) sum[t] = fmaf(to_float(b[t][v]), c[v], sum[t]);
+    for (int v = 0; v < kPerLane; ++v) {
+      const int n = lane + 32 * v;
+      if (n < N) sum[0] = fmaf(to_float(j < cursor ? B_s[j * N + n] : B_mine[v]), c[v], sum[0]);
     }
     row_group_sums<32>(sum);
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t)
-      if (lane == 0 && j0 + t * kWarps < count) bc[j0 + t * kWarps] = sum[t];
+    if (lane == 0) bc[j] = sum[0];
   }
-  if (first_head == group * hpg) {  // the group's first head appends B
-    for (int n = threadIdx.x; n < N; n += kThreads) B_hist[cursor * p.Bc_stride_pos + n] = load_one(B_now + n);
+  if (first_head == group * hpg && warp == cursor % kWarps) {  // the group's first head appends B
+#pragma unroll
+    for (int v = 0; v < kPerLane; ++v)
+      if (lane + 32 * v < N) B_hist[cursor * p.Bc_stride_pos + lane + 32 * v] = B_mine[v];
   }
   __syncthreads();
+  // The history coefficients weight_j (B_j . C), in place of the weights.
+  for (int e = threadIdx.x; e < heads * count; e += kWindowThreads)
+    weights[e / count][e % count] *= bc[e % count];
+  __syncthreads();
 
-  // The history sums: thread t takes the (head, row) pairs t, t + kThreads, ... (kWindowItems a
-  // pass), kTokens tokens' loads of all of them in flight at once.
-  const int pairs = heads * P;
-  for (int base = 0; base < pairs; base += kWindowItems * kThreads) {
-    int64_t x_at[kWindowItems];  // element offset of pair m's (head, row) in x_cache, position 0
-    Act now[kWindowItems];
-    float acc[kWindowItems];
-#pragma unroll
-    for (int m = 0; m < kWindowItems; ++m) {
-      const int pair = base + m * kThreads + threadIdx.x;
-      const int k = pair / P, i = pair - k * P, h = first_head + k;
-      x_at[m] = slot * p.xc_stride_slot + h * p.xc_stride_head + i;
-      if (pair < pairs)
-        now[m] = load_one(static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i);
-      acc[m] = 0.f;
-    }
-    const Act* x_hist = static_cast<const Act*>(p.x_cache);
-    for (int j0 = 0; j0 < count; j0 += kTokens) {
-      Act xs[kTokens][kWindowItems];
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-#pragma unroll
-        for (int m = 0; m < kWindowItems; ++m) {
-          const int j = j0 + t;
-          const bool valid = base + m * kThreads + int(threadIdx.x) < pairs;
-          xs[t][m] = valid && j < cursor ? load_one(x_hist + x_at[m] + j * p.xc_stride_pos) : now[m];
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        const int j = j0 + t;
-        if (j >= count) break;
-#pragma unroll
-        for (int m = 0; m < kWindowItems; ++m) {
-          const int k = (base + m * kThreads + int(threadIdx.x)) / P;
-          if (k < heads) acc[m] = fmaf(weights[k][j] * bc[j], to_float(xs[t][m]), acc[m]);
-        }
-      }
-    }
-    float* hist = p.workspace + (int64_t(row) * p.nheads + first_head) * P;  // (heads, P)
-#pragma unroll
-    for (int m = 0; m < kWindowItems; ++m) {
-      const int pair = base + m * kThreads + threadIdx.x;
-      if (pair < pairs) {
-        hist[pair] = fmaf(D_s[pair / P], to_float(now[m]), acc[m]);
-        static_cast<Act*>(p.x_cache)[x_at[m] + cursor * p.xc_stride_pos] = now[m];
-      }
-    }
+  // The history sums, one (head, row) pair per thread at a time.
+  float* hist = p.workspace + (int64_t(row) * p.nheads + first_head) * P;  // (heads, P)
+  for (int pair = threadIdx.x; pair < pairs; pair += kWindowThreads) {
+    const int k = pair / P, i = pair - k * P;
+    const Act now = pair == int(threadIdx.x) ? first_now : x_now_of(pair);
+    float acc = 0.f;
+    for (int j = 0; j < cursor; ++j) acc = fmaf(weights[k][j], to_float(x_s[(k * L + j) * P + i]), acc);
+    acc = fmaf(weights[k][cursor], to_float(now), acc);
+    hist[pair] = fmaf(D_s[k], to_float(now), acc);
+    x_hist[k * p.xc_stride_head + cursor * p.xc_stride_pos + i] = now;
   }
   if (int(threadIdx.x) < heads)
     p.workspace[p.batch * p.nheads * P + int64_t(row) * p.nheads + first_head + threadIdx.x] =
@@ -609,8 +612,9 @@ __global__ void __launch_bounds__(kThreads) replay_window_kernel(const ReplayPar
 // route computes y = decay (S0 C) + sum_j weight_j (B_j . C) x_j without forming S. Non-flush rows
 // append x, B (first head of the group) and the raw dt at position `cursor`. kStochastic (the
 // call's stochastic_rounding) is a separate instantiation: the Philox rounds, compiled into the
-// flush rows, cost registers that make the row loop spill under the register cap.
-template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic>
+// flush rows, cost registers that make the row loop spill under the register cap. kSplit: the
+// split path (p.workspace set, output-only route), launched after replay_window_kernel.
+template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kSplit>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
                                                                  int rows_per_cta,
                                                                  bool output_only) {
@@ -628,9 +632,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
   const int64_t slot = device_slot(p, w.row);
-  // Every exit waits for the window kernel of the split path (a no-op without it), so that this
-  // kernel's completion implies that one's.
-  if (slot < 0) return wait_for_prior_kernel();
+  // On the split path every exit waits for the window kernel, so that this kernel's completion
+  // implies that one's.
+  auto finish = [] {
+    if constexpr (kSplit) wait_for_prior_kernel();
+  };
+  if (slot < 0) return finish();
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot +
              w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
@@ -672,12 +679,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   }
   if (cursor < 0 || cursor >= L) {  // a corrupt cursor: skip the row, touch nothing
     wait_tile<Ly>(barrier);         // (after the copy into this CTA's shared memory has landed)
-    return wait_for_prior_kernel();
+    return finish();
   }
 
   const int count = cursor + 1;
   const bool flush = cursor == L - 1;
-  if (p.workspace && output_only && !flush) {
+  if (kSplit && !flush) {
     // Split path: the window kernel has appended the token and left the decay and each row's
     // history sum (D x included) in the workspace; y = decay (S0 C) + hist.
     wait_for_prior_kernel();
@@ -900,7 +907,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s + cursor * pitch,
                       gated ? z_s : nullptr);
   }
-  wait_for_prior_kernel();
+  finish();
 }
 
 }  // namespace replayssm::cuda

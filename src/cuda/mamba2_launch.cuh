@@ -44,10 +44,12 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   // The split path (p.workspace set): the window kernel first, then the decode kernel launched
   // as its programmatic dependent, so that its checkpoint copies start while the window work runs.
   if (p.workspace) {
-    const int heads = window_heads(p.head_dim, p.heads_per_group);
+    const int heads = window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act));
     const dim3 window_grid(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)),
                            unsigned(p.batch));
-    replay_window_kernel<Act><<<window_grid, kThreads, 0, stream>>>(p, heads);
+    const size_t window_smem =
+        size_t(window_smem_bytes(heads, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act)));
+    replay_window_kernel<Act><<<window_grid, kWindowThreads, window_smem, stream>>>(p, heads);
     REPLAYSSM_CUDA_CHECK(cudaGetLastError());
   }
   cudaLaunchAttribute after_window;
@@ -61,25 +63,33 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   config.stream = stream;
   config.attrs = p.workspace ? &after_window : nullptr;
   config.numAttrs = p.workspace ? 1 : 0;
-  auto run = [&](auto stochastic) {
-    constexpr bool kStochastic = decltype(stochastic)::value;
+  auto run = [&](auto stochastic, auto split) {
+    constexpr bool kStochastic = decltype(stochastic)::value, kSplit = decltype(split)::value;
     auto launch = [&](auto kernel) {
       REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, rows_per_cta, output_only));
     };
     switch (layout) {
-      case RowLayoutKind::kN64: return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN64, kStochastic>);
-      case RowLayoutKind::kN128: return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN128, kStochastic>);
-      case RowLayoutKind::kN256: return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN256, kStochastic>);
+      case RowLayoutKind::kN64:
+        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN64, kStochastic, kSplit>);
+      case RowLayoutKind::kN128:
+        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN128, kStochastic, kSplit>);
+      case RowLayoutKind::kN256:
+        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN256, kStochastic, kSplit>);
       case RowLayoutKind::kGeneric:
-        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic>);
+        // The split path covers the vectorised layouts only (mamba2_cuda.cu).
+        if constexpr (!kSplit) return launch(replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic, false>);
+        break;
     }
   };
-  // An fp32 checkpoint is never rounded (validation refuses stochastic rounding for it).
-  if constexpr (std::is_same_v<S, float>) {
-    run(std::false_type{});
+  // An fp32 checkpoint is never rounded (validation refuses stochastic rounding for it), and the
+  // split path rounds to nearest only (mamba2_cuda.cu).
+  if (p.workspace) {
+    run(std::false_type{}, std::true_type{});
+  } else if constexpr (std::is_same_v<S, float>) {
+    run(std::false_type{}, std::false_type{});
   } else {
-    if (p.stochastic_rounding) run(std::true_type{});
-    else run(std::false_type{});
+    if (p.stochastic_rounding) run(std::true_type{}, std::false_type{});
+    else run(std::false_type{}, std::false_type{});
   }
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }

@@ -43,13 +43,21 @@ constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int
 }
 
 // The window kernel of the split path: one CTA per (batch row, up to window_heads() heads of one
-// group), each thread summing the history of kWindowItems (head, head_dim row) pairs at a time.
-constexpr int kMaxWindowHeads = 16;
-constexpr int kWindowItems = 8;
-constexpr int window_heads(int64_t head_dim, int64_t heads_per_group) {
-  const int64_t fit = int64_t(kThreads) * kWindowItems / (head_dim > 0 ? head_dim : 1);
-  const int64_t heads = fit < heads_per_group ? fit : heads_per_group;
-  return heads < 1 ? 1 : heads > kMaxWindowHeads ? kMaxWindowHeads : int(heads);
+// group), one warp per head; shared memory: an mbarrier, then the cached x of its heads
+// (heads, L, P) and B (L, N) as stored.
+constexpr int kWindowThreads = 256;
+constexpr int kMaxWindowHeads = kWindowThreads / 32;
+constexpr int64_t window_smem_bytes(int64_t heads, int64_t buffer_len, int64_t head_dim,
+                                    int64_t state_dim, int64_t act_bytes) {
+  return kTileOffset + (heads * head_dim + state_dim) * buffer_len * act_bytes;
+}
+// Heads per window CTA: as many of the group's as fit its warps and kMaxSharedBytes (0: none fit).
+constexpr int window_heads(int64_t heads_per_group, int64_t buffer_len, int64_t head_dim,
+                           int64_t state_dim, int64_t act_bytes) {
+  int64_t heads = heads_per_group < kMaxWindowHeads ? heads_per_group : kMaxWindowHeads;
+  while (heads > 0 && window_smem_bytes(heads, buffer_len, head_dim, state_dim, act_bytes) > kMaxSharedBytes)
+    --heads;
+  return int(heads);
 }
 
 // The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any

@@ -485,8 +485,10 @@ void Rollout::step() {
   const HostTensor baseline_before = has_baseline() ? download_tensor(baseline_state_, state, state_shape) : HostTensor();
 
   ExecOptions options{config_.backend};
-  if (config_.workspace)
+  if (config_.workspace) {
     options.workspace = workspace_.view(DType::kInt8, {int64_t(workspace_.bytes())});
+    options.window_kernel = WindowKernel::kSeparate;  // small batches would otherwise not take it
+  }
   ReplayCache cache;
   cache.state = checkpoint_.view(state, state_shape);
   cache.x_cache = x_cache_.view(act, {slots_, H_, L_, P_});

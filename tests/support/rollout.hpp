@@ -49,7 +49,7 @@ struct RolloutConfig {
   bool dt_per_channel = false;  // dt as (batch, H, P) with stride 0; D, dt_bias as (H, P)
   bool A_per_element = false;   // A as (H, P, N) with zero strides
   bool packed_xbc = false;      // x, B, C: column slices of one (batch, H*P + 2*G*N) buffer
-  bool workspace = false;       // CUDA: pass ExecOptions::workspace (the split window kernel)
+  bool workspace = false;       // CUDA: a workspace and WindowKernel::kSeparate (the split path)
   SlotMapping mapping = SlotMapping::kShuffled;
   int64_t requests = 4;       // rows that carry a request
   int64_t pad_rows = 1;       // rows that are always padding (kShuffled only)
