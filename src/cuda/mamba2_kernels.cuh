@@ -99,8 +99,8 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       : "memory");
 }
 
-// The waiting thread is suspended until the phase completes (or the hint, 1 ms, runs out) instead
-// of spinning: a spinning warp takes issue slots from the CTAs that compute.
+// The waiting thread may be suspended until the phase completes (the hint: at most 1 ms) instead
+// of polling.
 __device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity) {
   constexpr unsigned kSuspendHintNs = 1000000;
   unsigned done = 0;
@@ -510,7 +510,8 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
   Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
                 group * p.Bc_stride_group;  // (L, N), contiguous positions
   if (threadIdx.x == 0 && cursor > 0) {
-    const unsigned x_bytes = unsigned(cursor * P * sizeof(Act)), B_bytes = unsigned(cursor * N * sizeof(Act));
+    const unsigned x_bytes = unsigned(cursor * P * sizeof(Act));
+    const unsigned B_bytes = unsigned(cursor * N * sizeof(Act));
     barrier_init(barrier);
     barrier_expect_bytes(barrier, x_bytes * unsigned(heads) + B_bytes);
     for (int k = 0; k < heads; ++k)

@@ -77,7 +77,8 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
         return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN256, kStochastic, kSplit>);
       case RowLayoutKind::kGeneric:
         // The split path covers the vectorised layouts only (mamba2_cuda.cu).
-        if constexpr (!kSplit) return launch(replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic, false>);
+        if constexpr (!kSplit)
+          return launch(replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic, false>);
         break;
     }
   };
