@@ -27,6 +27,7 @@ PAD_SLOT_ID = -1
 
 _BACKENDS = {"auto": 0, "reference": 1, "cpu": 2, "cuda": 3}
 _ROUTES = {"auto": 0, "output_only": 1, "state_and_output": 2}
+_WINDOW_KERNELS = {"auto": 0, "fused": 1, "separate": 2}
 
 
 def _code(table, value, what):
@@ -85,7 +86,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
 
 def replay_decode(cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                   state_batch_indices=None, pad_slot_id=PAD_SLOT_ID, out=None, *,
-                  route="auto", stream=None, backend="auto"):
+                  route="auto", workspace=None, window_kernel="auto", stream=None,
+                  backend="auto"):
     """ReplaySSM decode step: the outputs of ``selective_state_update``, one state read.
 
     Args:
@@ -103,6 +105,13 @@ def replay_decode(cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softpl
         out: optional (batch, H, P) act. **Mutated** (written). Allocated like x when None.
         route: how non-flush rows compute their output: "output_only" (never forms the state),
             "state_and_output" (forms it, then y = S C), or "auto" (the backend picks).
+        workspace: optional scratch for the CUDA backend (others ignore it): a contiguous 1-D
+            device array of at least ``replay_decode_workspace_bytes(batch, H, P)`` bytes,
+            16-byte aligned; layers on one stream can share it. **Mutated** (scratch). With it
+            the window work of non-flush rows can run in a kernel of its own (faster at large
+            batch).
+        window_kernel: with a workspace, "auto" (by the size of the call), "separate" or
+            "fused" (the window work inside the decode kernel, as without a workspace).
 
     Returns:
         out.
@@ -114,9 +123,15 @@ def replay_decode(cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softpl
     _replayssm.replay_decode(
         state, cache.x_cache, cache.B_cache, cache.dt_cache, cache.cursors,
         x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out,
-        _code(_ROUTES, route, "route"), launch_stream, torch_direct,
+        _code(_ROUTES, route, "route"), workspace,
+        _code(_WINDOW_KERNELS, window_kernel, "window_kernel"), launch_stream, torch_direct,
         _code(_BACKENDS, backend, "backend"))
     return out
+
+
+def replay_decode_workspace_bytes(batch, nheads, head_dim):
+    """Bytes of ``workspace`` a CUDA ``replay_decode`` of this shape needs."""
+    return _replayssm.replay_decode_workspace_bytes(batch, nheads, head_dim)
 
 
 def replay_advance(cursors, buffer_len, state_batch_indices=None, pad_slot_id=PAD_SLOT_ID, *,

@@ -60,12 +60,14 @@ Device device_of(const dlpack::Device& d, const char* name) {
   }
 }
 
-TensorView view_of(const dlpack::Tensor& t, const char* name, bool bfloat16_as_uint16) {
+TensorView view_of(const dlpack::Tensor& t, const char* name, Access access, bool bfloat16_as_uint16) {
   TensorView v;
   if (t.ndim < 0 || t.ndim > kMaxRank)
     fail(name, " has rank ", t.ndim, ": replayssm takes at most rank ", kMaxRank);
   v.data = static_cast<char*>(t.data) + t.byte_offset;
-  v.dtype = dtype_of(t.dtype, name, bfloat16_as_uint16);
+  const bool bytes = access == Access::kScratch && t.dtype.lanes == 1 && t.dtype.bits == 8 &&
+                     (t.dtype.code == dlpack::kInt || t.dtype.code == dlpack::kUInt);
+  v.dtype = bytes ? DType::kInt8 : dtype_of(t.dtype, name, bfloat16_as_uint16);
   v.device = device_of(t.device, name);
   v.rank = t.ndim;
   int64_t contiguous_stride = 1;
@@ -171,19 +173,19 @@ TensorView ImportedTensors::consume(nb::handle capsule, const char* name, Access
            ": replayssm reads DLPack 1.x");
     PyCapsule_SetName(cap, dlpack::kUsedVersionedCapsuleName);
     owned_[count_++].versioned = managed;
-    if (access == Access::kWrite && (managed->flags & dlpack::kFlagReadOnly))
+    if (access != Access::kRead && (managed->flags & dlpack::kFlagReadOnly))
       fail(name, " is read-only, but this call writes it in place: pass a writable array");
-    if (access == Access::kWrite && (managed->flags & dlpack::kFlagIsCopied))
+    if (access != Access::kRead && (managed->flags & dlpack::kFlagIsCopied))
       fail(name, " was exported as a copy, but this call writes it in place: pass an array the "
            "producer can share without copying");
-    return view_of(managed->dl_tensor, name, bfloat16_as_uint16);
+    return view_of(managed->dl_tensor, name, access, bfloat16_as_uint16);
   }
   if (capsule_name != nullptr && std::strcmp(capsule_name, dlpack::kCapsuleName) == 0) {
     auto* managed =
         static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(cap, dlpack::kCapsuleName));
     PyCapsule_SetName(cap, dlpack::kUsedCapsuleName);
     owned_[count_++].legacy = managed;
-    return view_of(managed->dl_tensor, name, bfloat16_as_uint16);
+    return view_of(managed->dl_tensor, name, access, bfloat16_as_uint16);
   }
   fail(name, ": the capsule is named \"", capsule_name != nullptr ? capsule_name : "",
        "\", not an unconsumed \"dltensor\" or \"dltensor_versioned\"");

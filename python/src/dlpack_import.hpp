@@ -26,7 +26,9 @@ struct ExportRequest {
   bool torch_export_direct = false;
 };
 
-enum class Access { kRead, kWrite };
+// kScratch: written, and only its bytes matter (a workspace): 8-bit integer arrays (int8, uint8)
+// are taken too, as bytes.
+enum class Access { kRead, kWrite, kScratch };
 
 // Registers PyTorch's tensor type and its C-level DLPack exporter (torch._C._to_dlpack); the
 // binding never imports torch itself. The references are kept until a later call replaces them.

@@ -25,6 +25,13 @@ ExecOptions exec_options(uintptr_t stream, int backend) {
   return options;
 }
 
+WindowKernel window_kernel_choice(int choice) {
+  if (choice < int(WindowKernel::kAuto) || choice > int(WindowKernel::kSeparate))
+    throw InvalidArgument("replayssm: window_kernel=" + std::to_string(choice) +
+                          " is not a WindowKernel value");
+  return WindowKernel(choice);
+}
+
 ReplayRoute replay_route(int route) {
   if (route < int(ReplayRoute::kAuto) || route > int(ReplayRoute::kStateAndOutput))
     throw InvalidArgument("replayssm: route=" + std::to_string(route) +
@@ -77,10 +84,13 @@ void replay_decode(nb::handle state, nb::handle x_cache, nb::handle B_cache, nb:
                    nb::handle cursors, nb::handle x, nb::handle dt, nb::handle A, nb::handle B,
                    nb::handle C, nb::handle D, nb::handle z, nb::handle dt_bias, bool dt_softplus,
                    nb::handle state_batch_indices, int64_t pad_slot_id, nb::handle out, int route,
-                   uintptr_t stream, bool torch_export_direct, int backend) {
-  const ExecOptions options = exec_options(stream, backend);
+                   nb::handle workspace, int window_kernel, uintptr_t stream,
+                   bool torch_export_direct, int backend) {
+  ExecOptions options = exec_options(stream, backend);
+  options.window_kernel = window_kernel_choice(window_kernel);
   const ReplayRoute replay_route_value = replay_route(route);
   ImportedTensors tensors({stream, torch_export_direct});
+  options.workspace = tensors.view(workspace, "workspace", Access::kScratch);
   ReplayCache cache;
   cache.state = tensors.view(state, "state", Access::kWrite);
   cache.x_cache = tensors.view(x_cache, "x_cache", Access::kWrite);
@@ -135,7 +145,10 @@ NB_MODULE(_replayssm, m) {
         "B_cache"_a.none(), "dt_cache"_a.none(), "cursors"_a.none(), "x"_a.none(),
         "dt"_a.none(), "A"_a.none(), "B"_a.none(), "C"_a.none(), "D"_a.none(), "z"_a.none(),
         "dt_bias"_a.none(), "dt_softplus"_a, "state_batch_indices"_a.none(), "pad_slot_id"_a,
-        "out"_a.none(), "route"_a, "stream"_a, "torch_export_direct"_a, "backend"_a);
+        "out"_a.none(), "route"_a, "workspace"_a.none(), "window_kernel"_a, "stream"_a,
+        "torch_export_direct"_a, "backend"_a);
+  m.def("replay_decode_workspace_bytes", &replayssm::replay_decode_workspace_bytes, "batch"_a,
+        "nheads"_a, "head_dim"_a);
   m.def("replay_advance", &replay_advance, "cursors"_a.none(), "buffer_len"_a,
         "state_batch_indices"_a.none(), "pad_slot_id"_a, "stream"_a, "torch_export_direct"_a,
         "backend"_a);

@@ -96,7 +96,8 @@ def test_selective_state_update_matches_oracle(geometry, act):
                 assert np.array_equal(bits(state[slot]), bits(before[slot]))
 
 
-def run_replay_rollout(geometry, act, state_dtype, route, L, use_optional=True, seed=2):
+def run_replay_rollout(geometry, act, state_dtype, route, L, use_optional=True, seed=2,
+                       **decode_options):
     rng = np.random.default_rng(seed)
     ro = Rollout(rng, geometry, act)
     H, P, N, G = ro.H, ro.P, ro.N, ro.G
@@ -118,7 +119,7 @@ def run_replay_rollout(geometry, act, state_dtype, route, L, use_optional=True, 
         indices = ro.indices(t)
         replayssm.replay_decode(cache, inputs["x"], inputs["dt"], ro.layer.A, inputs["B"],
                                 inputs["C"], D, z, dt_bias, use_optional, indices,
-                                out=out, route=route)
+                                out=out, route=route, **decode_options)
         active = ro.active(t)
         assert relative_error(out, expected, active) < tolerance(act, state_dtype)
         assert np.isnan(out[len(active):].astype(np.float32)).all(), "pad rows must stay untouched"
@@ -162,6 +163,14 @@ def test_replay_decode_low_precision_state(act, state_dtype):
 @pytest.mark.parametrize("L", [1, 2, 16])
 def test_replay_decode_buffer_lengths_without_optional_arguments(L):
     run_replay_rollout((3, 5, 7, 1), "float32", "float32", "auto", L, use_optional=False)
+
+
+def test_replay_decode_on_the_cpu_ignores_a_workspace():
+    H, P = 4, 8
+    workspace = np.empty(replayssm.replay_decode_workspace_bytes(4, H, P), np.uint8)
+    assert workspace.size == 4 * 4 * H * (P + 1)
+    run_replay_rollout((H, P, 16, 2), "float32", "float32", "auto", L=4, workspace=workspace,
+                       window_kernel="separate")
 
 
 def test_reference_backend_takes_a_float64_state():
@@ -311,6 +320,10 @@ def test_replay_errors_name_the_argument_and_the_numbers():
     cache.cursors[1] = 0
     with pytest.raises(ValueError, match="route='fast' is not one of"):
         replayssm.replay_decode(cache, s.x, s.dt, s.A, s.B, s.C, route="fast")
+    with pytest.raises(ValueError, match="window_kernel='split' is not one of"):
+        replayssm.replay_decode(cache, s.x, s.dt, s.A, s.B, s.C, window_kernel="split")
+    with pytest.raises(replayssm.InvalidArgument, match="must not be negative"):
+        replayssm.replay_decode_workspace_bytes(-1, 4, 8)
     small = replayssm.ReplayCacheLayout(4, 8, 16, 2, 4, "float32", "float32").allocate(np, 1)
     with pytest.raises(replayssm.InvalidArgument, match="x.size\\(0\\)=2 \\(batch\\) exceeds"):
         replayssm.replay_decode(small, s.x, s.dt, s.A, s.B, s.C)

@@ -87,19 +87,19 @@ def baseline_rollout(model, state_dtype, steps=6, **call_options):
                   max(TOLERANCE[model.act], STATE_TOLERANCE[state_dtype]))
 
 
-def replay_step(model, cache, oracle, t, route, L, tolerance):
+def replay_step(model, cache, oracle, t, route, L, tolerance, **decode_options):
     """One eager ReplaySSM step (decode, then advance) at step t, checked against the oracle."""
     inputs = model.step()
     expected = oracle.step(**inputs, slots=model.oracle_slots(t))
     out = model.out()
     replayssm.replay_decode(cache, inputs["x"], inputs["dt"], model.A, inputs["B"], inputs["C"],
                             model.D, inputs["z"], model.dt_bias, True, model.indices(t), out=out,
-                            route=route)
+                            route=route, **decode_options)
     replayssm.replay_advance(cache.cursors, L, model.indices(t))
     check_out(out, expected, model.active(t), tolerance)
 
 
-def replay_rollout(model, state_dtype, route, L, steps):
+def replay_rollout(model, state_dtype, route, L, steps, **decode_options):
     layout = replayssm.ReplayCacheLayout(model.H, model.P, model.N, model.G, L,
                                          act_dtype=model.act, state_dtype=state_dtype)
     cache = layout.allocate(torch, model.slots, device=model.device)
@@ -107,7 +107,7 @@ def replay_rollout(model, state_dtype, route, L, steps):
     oracle = model.oracle(cache.state)
     for t in range(steps):
         replay_step(model, cache, oracle, t, route, L,
-                    max(TOLERANCE[model.act], STATE_TOLERANCE[state_dtype]))
+                    max(TOLERANCE[model.act], STATE_TOLERANCE[state_dtype]), **decode_options)
     return cache
 
 
@@ -130,6 +130,18 @@ def test_baseline(device, act, state_dtype):
                                               (torch.bfloat16, torch.bfloat16)])
 def test_replay_across_flushes(device, act, state_dtype, route):
     replay_rollout(Model(device, act), state_dtype, route, L=8, steps=3 * 8 + 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window_kernel", ["separate", "fused", "auto"])
+def test_replay_with_a_workspace(device, window_kernel):
+    """On CUDA the window work runs in a kernel of its own ("separate"); the CPU ignores it."""
+    model = Model(device, torch.bfloat16)
+    size = replayssm.replay_decode_workspace_bytes(model.batch, model.H, model.P)
+    assert size == 4 * model.batch * model.H * (model.P + 1)
+    workspace = torch.empty(size, dtype=torch.uint8, device=device)
+    replay_rollout(model, torch.float32, "auto", L=8, steps=3 * 8 + 4, workspace=workspace,
+                   window_kernel=window_kernel)
 
 
 @pytest.mark.parametrize("device", DEVICES)
