@@ -192,6 +192,19 @@ __device__ __forceinline__ void widen_slice(const Pack<T, Ly::kVec> (&in)[Ly::kV
   }
 }
 
+// This lane's part of the dot product of two row slices (one fmaf chain, in element order).
+template <typename Ly>
+__device__ __forceinline__ float slice_dot(const float (&a)[Ly::kVecsPerLane][Ly::kVec],
+                                           const float (&b)[Ly::kVecsPerLane][Ly::kVec]) {
+  float acc = 0.f;
+#pragma unroll
+  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+    for (int e = 0; e < Ly::kVec; ++e) acc = fmaf(a[v][e], b[v][e], acc);
+  }
+  return acc;
+}
+
 // This lane's slice of an N-vector of type T (B or C), widened; zero past N.
 template <typename Ly, typename T>
 __device__ __forceinline__ void load_slice(const T* src, int lane, int64_t N,
@@ -708,13 +721,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
         const int i = chunk_row<Ly>(batch, k, group);
         float s[Ly::kVecsPerLane][Ly::kVec];
         tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
-        float dot = 0.f;
-#pragma unroll
-        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) dot = fmaf(s[v][e], c[v][e], dot);
-        }
-        y[k] = decay * (CheckpointFormat<S>::kScaled && i < w.rows ? scale_s[i] : 1.f) * dot;
+        y[k] = decay * (CheckpointFormat<S>::kScaled && i < w.rows ? scale_s[i] : 1.f) *
+               slice_dot<Ly>(s, c);
       }
       row_group_sums<Ly::kLanes>(y);
       store_outputs<Ly>(out, y, batch, group, lane, w.rows, 1.f, hist_s, gated ? z_s : nullptr);
@@ -780,12 +788,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     for (int r = 0; r < kEarlyRounds; ++r) {
       float b[Ly::kVecsPerLane][Ly::kVec];
       widen_slice<Ly>(b_early[r], b);
-      bc[r] = 0.f;
-#pragma unroll
-      for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-        for (int e = 0; e < Ly::kVec; ++e) bc[r] = fmaf(b[v][e], c[v][e], bc[r]);
-      }
+      bc[r] = slice_dot<Ly>(b, c);
     }
     row_group_sums<Ly::kLanes>(bc);
 #pragma unroll
@@ -799,11 +802,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
       if (j < count) {
         float b[Ly::kVecsPerLane][Ly::kVec];
         load_slice<Ly>(B_of(j), lane, N, b);
-#pragma unroll
-        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) later[0] = fmaf(b[v][e], c[v][e], later[0]);
-        }
+        later[0] = slice_dot<Ly>(b, c);
       }
       row_group_sums<Ly::kLanes>(later);
       if (lane == 0 && j < count) window[kBCOffset + j] = later[0];
@@ -885,20 +884,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
           store_checkpoint_row<S, Ly>(state + i * p.state_stride_p, scale ? scale + i : nullptr,
                                       i < w.rows, s, lane, N, kStochastic, random,
                                       uint32_t((w.head * p.head_dim + w.first + i) * N));
-        y[k] = 0.f;
-#pragma unroll
-        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) y[k] = fmaf(s[v][e], c[v][e], y[k]);
-        }
+        y[k] = slice_dot<Ly>(s, c);
       } else {  // output-only: lane l adds the history terms of tokens l, l + kLanes, ...
-        float dot = 0.f;
-#pragma unroll
-        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) dot = fmaf(s[v][e], c[v][e], dot);
-        }
-        y[k] = decay * row_scale(i) * dot;
+        y[k] = decay * row_scale(i) * slice_dot<Ly>(s, c);
         if (i < w.rows) {
           for (int j = lane; j < count; j += Ly::kLanes) y[k] = fmaf(coef[j], x_s[j * pitch + i], y[k]);
         }
