@@ -23,7 +23,8 @@ namespace {
 constexpr int64_t kTargetCtasPerSm = 16;
 // The split path (a workspace, WindowKernel::kAuto) from this many decode CTAs per SM: its window
 // kernel costs a few microseconds of latency that only large calls hide (H200, Nemotron-H: faster
-// from batch 128, about 124 CTAs per SM; slower at batch 32).
+// from batch 128, about 124 CTAs per SM, at L = 8, 16 and 32; at batch 32 faster at L = 8 and 16
+// but slower at 32; slower at batch 1 and 8).
 constexpr int64_t kWindowKernelMinCtasPerSm = 64;
 constexpr int kMaxDevices = 64;
 constexpr int kCursorThreads = 256;
