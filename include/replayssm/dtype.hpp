@@ -73,11 +73,18 @@ REPLAYSSM_HOST_DEVICE float bits_float(uint32_t u) {
 
 REPLAYSSM_HOST_DEVICE float bf16_to_float(uint16_t h) { return bits_float(uint32_t(h) << 16); }
 
+// On the device one instruction (the same value for every input but NaN, as for fp16 below).
 REPLAYSSM_HOST_DEVICE uint16_t float_to_bf16(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
+#endif
 }
 
 // On the device, fp16 and e4m3 convert by one instruction (the same value for every input but

@@ -2,15 +2,11 @@
 // the dtypes, and runs the cursor kernels.
 #include "cuda/mamba2_cuda.hpp"
 
-#include <algorithm>
-#include <atomic>
-#include <climits>
 #include <cstdint>
-#include <initializer_list>
-#include <string>
 #include <type_traits>
 
 #include "cuda/check.hpp"
+#include "cuda/launch_shape.hpp"
 #include "cuda/mamba2_launch.hpp"
 #include "cuda/row_layout.hpp"
 
@@ -26,85 +22,25 @@ constexpr int64_t kTargetCtasPerSm = 16;
 // from batch 128, about 124 CTAs per SM, at L = 8, 16 and 32; at batch 32 faster at L = 8 and 16
 // but slower at 32; slower at batch 1 and 8).
 constexpr int64_t kWindowKernelMinCtasPerSm = 64;
-constexpr int kMaxDevices = 64;
 constexpr int kCursorThreads = 256;
-constexpr int64_t kMaxGridRows = 65535;  // batch rows run along the grid's y axis
-
-int sm_count() {
-  static std::atomic<int> cached[kMaxDevices];
-  int device = 0;
-  REPLAYSSM_CUDA_CHECK(cudaGetDevice(&device));
-  int count = device < kMaxDevices ? cached[device].load(std::memory_order_relaxed) : 0;
-  if (count == 0) {
-    REPLAYSSM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    if (device < kMaxDevices) cached[device].store(count, std::memory_order_relaxed);
-  }
-  return count;
-}
-
-int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
-
-// True when `ptr` and every stride (in elements of `element_bytes`) keep `alignment`-byte accesses
-// aligned.
-bool aligned(const void* ptr, int64_t element_bytes, int64_t alignment,
-             std::initializer_list<int64_t> strides) {
-  if (reinterpret_cast<uintptr_t>(ptr) % uintptr_t(alignment) != 0) return false;
-  for (int64_t s : strides)
-    if (s * element_bytes % alignment != 0) return false;
-  return true;
-}
 
 RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
-  if (p.state_dim > kMaxStateDim)
-    throw InvalidArgument("replayssm: state.size(3)=" + std::to_string(p.state_dim) +
-                          " (state_dim) exceeds " + std::to_string(kMaxStateDim) +
-                          ", the largest state_dim the CUDA backend supports");
-  RowLayoutKind kind = RowLayoutKind::kGeneric;
-  if (p.state_dim == 64) kind = RowLayoutKind::kN64;
-  if (p.state_dim == 128) kind = RowLayoutKind::kN128;
-  if (p.state_dim == 256) kind = RowLayoutKind::kN256;
-  if (kind == RowLayoutKind::kGeneric) return kind;
-  // 16-byte state accesses; B and C slices of the same number of elements.
-  const int64_t s = dtype_size(p.state_dtype), a = dtype_size(p.act_dtype);
-  const int64_t act_alignment = std::min<int64_t>(16, make_row_layout(int(s), kind).vec * a);
-  bool ok = aligned(p.state, s, 16, {p.state_stride_slot, p.state_stride_head, p.state_stride_p}) &&
-            aligned(p.B, a, act_alignment, {p.B_stride_batch, p.B_stride_group}) &&
-            aligned(p.C, a, act_alignment, {p.C_stride_batch, p.C_stride_group});
-  if (replay)
-    ok = ok && aligned(replay->B_cache, a, act_alignment,
-                       {replay->Bc_stride_slot, replay->Bc_stride_group, replay->Bc_stride_pos});
+  const RowLayoutKind kind = vectorised_layout(p);
+  if (kind == RowLayoutKind::kGeneric || !replay) return kind;
+  const bool ok = aligned(replay->B_cache, dtype_size(p.act_dtype), slice_access_bytes(p, kind),
+                          {replay->Bc_stride_slot, replay->Bc_stride_group, replay->Bc_stride_pos});
   return ok ? kind : RowLayoutKind::kGeneric;
 }
 
-int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta) {
-  return p.batch * p.nheads * ((p.head_dim + rows_per_cta - 1) / rows_per_cta);
-}
-
-int64_t smem_bytes(const Mamba2Params& p, const ReplayParams* replay, const RowLayout& l,
-                   int64_t rows_per_cta) {
+// head_dim rows per CTA (launch_shape.hpp), by the kernel's shared memory.
+int decode_rows_per_cta(const Mamba2Params& p, const ReplayParams* replay, RowLayoutKind kind,
+                        const LaunchConfig& config) {
   const int64_t s = dtype_size(p.state_dtype);
-  return replay ? replay_smem_bytes(rows_per_cta, p.state_dim, s, replay->buffer_len, l.lanes)
-                : baseline_smem_bytes(rows_per_cta, p.state_dim, s);
-}
-
-// head_dim rows per CTA: a multiple of the layout's batch of rows that fits the shared memory.
-int rows_per_cta_for(const Mamba2Params& p, const ReplayParams* replay, RowLayoutKind kind,
-                     const LaunchConfig& config) {
-  const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
-  int64_t rows = round_up(std::min<int64_t>(p.head_dim, kMaxRowsPerCta), l.batch_rows);
-  if (config.rows_per_cta > 0) rows = std::min(rows, round_up(config.rows_per_cta, l.batch_rows));
-  auto smaller = [&](int64_t r) { return std::max<int64_t>(l.batch_rows, round_up(r / 2, l.batch_rows)); };
-  while (rows > l.batch_rows && smem_bytes(p, replay, l, rows) > kMaxSharedBytes) rows = smaller(rows);
-  if (config.rows_per_cta <= 0) {
-    const int64_t target = kTargetCtasPerSm * sm_count();
-    while (rows > l.batch_rows && ctas_for(p, rows) < target) rows = smaller(rows);
-  }
-  const int64_t head_ctas = p.nheads * ((p.head_dim + rows - 1) / rows);
-  if (p.batch > kMaxGridRows || head_ctas > INT_MAX)
-    throw InvalidArgument("replayssm: batch=" + std::to_string(p.batch) + " and nheads=" +
-                          std::to_string(p.nheads) + " exceed the CUDA grid: the CUDA backend takes " +
-                          "at most " + std::to_string(kMaxGridRows) + " rows a call");
-  return int(rows);
+  const int lanes = make_row_layout(int(s), kind).lanes;
+  return rows_per_cta_for(p, kind, config.rows_per_cta, kTargetCtasPerSm, kMaxSharedBytes, [&](int64_t rows) {
+    return replay ? replay_smem_bytes(rows, p.state_dim, s, replay->buffer_len, lanes)
+                  : baseline_smem_bytes(rows, p.state_dim, s);
+  });
 }
 
 template <typename S, typename Act> struct TypedLaunch {
@@ -198,17 +134,17 @@ unsigned cursor_grid(const CursorParams& p) {
 }  // namespace
 
 LaunchConfig auto_launch_config(const Mamba2Params& p) {
-  return LaunchConfig{rows_per_cta_for(p, nullptr, choose_layout(p, nullptr), LaunchConfig{})};
+  return LaunchConfig{decode_rows_per_cta(p, nullptr, choose_layout(p, nullptr), LaunchConfig{})};
 }
 
 LaunchConfig auto_launch_config(const ReplayParams& p) {
-  return LaunchConfig{rows_per_cta_for(p, &p, choose_layout(p, &p), LaunchConfig{})};
+  return LaunchConfig{decode_rows_per_cta(p, &p, choose_layout(p, &p), LaunchConfig{})};
 }
 
 void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, void* stream) {
   const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, nullptr);
-  const int rows = rows_per_cta_for(p, nullptr, kind, config);
+  const int rows = decode_rows_per_cta(p, nullptr, kind, config);
   if (p.batch == 0) return;
   launch(p, kind, rows, static_cast<cudaStream_t>(stream));
 }
@@ -216,7 +152,7 @@ void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, v
 void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stream) {
   const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, &p);
-  const int rows = rows_per_cta_for(p, &p, kind, config);
+  const int rows = decode_rows_per_cta(p, &p, kind, config);
   if (p.batch == 0) return;
   ReplayParams run = p;
   if (!uses_window_kernel(p, kind, rows, config)) run.workspace = nullptr;

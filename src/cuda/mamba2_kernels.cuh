@@ -12,368 +12,13 @@
 
 #include <cstdint>
 
-#include "api/params.hpp"
-#include "common/mamba2_math.hpp"
-#include "common/rounding.hpp"
-#include "cuda/row_layout.hpp"
+#include "cuda/decode_primitives.cuh"
 
 namespace replayssm::cuda {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 // Registers are capped so that this many CTAs fit an SM (80 registers a thread): about as many as
 // the shared memory of a whole-head fp32 tile allows.
 constexpr int kMinCtasPerSm = 6;
-
-// K consecutive elements of T moved as one access (two for 32 bytes).
-template <typename T, int K>
-struct alignas(sizeof(T) * K >= 16 ? 16 : sizeof(T) * K) Pack {
-  T v[K];
-};
-
-template <typename T, int K> __device__ __forceinline__ Pack<T, K> load_pack(const T* p) {
-  Pack<T, K> r;
-  constexpr int kBytes = int(sizeof(T)) * K;
-  if constexpr (kBytes % 16 == 0) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i)
-      reinterpret_cast<uint4*>(&r)[i] = __ldg(reinterpret_cast<const uint4*>(p) + i);
-  } else if constexpr (kBytes == 8) {
-    *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
-  } else if constexpr (kBytes == 4) {
-    *reinterpret_cast<unsigned*>(&r) = __ldg(reinterpret_cast<const unsigned*>(p));
-  } else if constexpr (kBytes == 2) {
-    *reinterpret_cast<unsigned short*>(&r) = __ldg(reinterpret_cast<const unsigned short*>(p));
-  } else {
-    static_assert(kBytes == 1, "packs are 1, 2, 4, 8 or a multiple of 16 bytes");
-    *reinterpret_cast<unsigned char*>(&r) = __ldg(reinterpret_cast<const unsigned char*>(p));
-  }
-  return r;
-}
-
-template <typename T, int K> __device__ __forceinline__ void store_pack(T* p, const Pack<T, K>& v) {
-  constexpr int kBytes = int(sizeof(T)) * K;
-  if constexpr (kBytes % 16 == 0) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i)
-      reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(&v)[i];
-  } else if constexpr (kBytes == 8) {
-    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(&v);
-  } else if constexpr (kBytes == 4) {
-    *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(&v);
-  } else if constexpr (kBytes == 2) {
-    *reinterpret_cast<unsigned short*>(p) = *reinterpret_cast<const unsigned short*>(&v);
-  } else {
-    *reinterpret_cast<unsigned char*>(p) = *reinterpret_cast<const unsigned char*>(&v);
-  }
-}
-
-template <typename T> __device__ __forceinline__ T load_one(const T* p) {
-  return load_pack<T, 1>(p).v[0];
-}
-
-// ---- The bulk copy engine (sm_90): global -> shared, completing on an mbarrier. ----
-
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return unsigned(__cvta_generic_to_shared(p));
-}
-
-// One arrival (the issuing thread's) plus the bytes of the copies completes the barrier's phase 0.
-__device__ __forceinline__ void barrier_init(uint64_t* barrier) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)) : "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the init, seen by the copy engine
-}
-
-__device__ __forceinline__ void barrier_expect_bytes(uint64_t* barrier, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   shared_address(barrier)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
-                                                    uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          shared_address(dst)),
-      "l"(src), "r"(bytes), "r"(shared_address(barrier))
-      : "memory");
-}
-
-// The waiting thread may be suspended until the phase completes (the hint: at most 1 ms) instead
-// of polling.
-__device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity) {
-  constexpr unsigned kSuspendHintNs = 1000000;
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred complete;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2, %3;\n"
-        " selp.u32 %0, 1, 0, complete;\n}"
-        : "=r"(done)
-        : "r"(shared_address(barrier)), "r"(parity), "n"(kSuspendHintNs)
-        : "memory");
-  } while (!done);
-}
-
-// Programmatic dependent launch (sm_90): the decode kernel of the split path is launched while
-// the window kernel still runs. Both are no-ops in a kernel launched without the attribute.
-__device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-// Waits until the kernel this one depends on has finished and its writes are visible.
-__device__ __forceinline__ void wait_for_prior_kernel() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
-// The compile-time view of a RowLayout.
-template <typename S, RowLayoutKind kKind> struct Layout {
-  static constexpr RowLayout kSpec = make_row_layout(int(sizeof(S)), kKind);
-  static constexpr bool kMasked = kKind == RowLayoutKind::kGeneric;  // check n < N per element
-  static constexpr int kVec = kSpec.vec;
-  static constexpr int kLanes = kSpec.lanes;
-  static constexpr int kVecsPerLane = kSpec.vecs_per_lane;
-  static constexpr int kRows = kSpec.rows;
-  static constexpr int kRowGroups = kSpec.row_groups;
-  static constexpr int kBatchRows = kSpec.batch_rows;
-  static constexpr int kCoverN = kSpec.cover_n;
-};
-
-// Lane k < kRows of each row group finishes row k of the batch (the reduction left every lane of
-// the group with all kRows sums): out_i = (y_i + D x_i) * silu(z_i), rounded to Act. x and z hold
-// the chunk's rows.
-template <typename Ly, typename Act>
-__device__ __forceinline__ void store_outputs(Act* out, const float (&y)[Ly::kRows], int batch,
-                                              int group, int lane, int rows, float D,
-                                              const float* x, const float* z) {
-  float mine = y[0];
-#pragma unroll
-  for (int k = 1; k < Ly::kRows; ++k) {
-    if (lane == k) mine = y[k];
-  }
-  const int i = batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
-  if (lane < Ly::kRows && i < rows) {
-    float v = mine + D * x[i];
-    if (z) v *= silu(z[i]);
-    out[i] = from_float<Act>(v);
-  }
-}
-
-// Sum over the kLanes lanes of a row group; every lane gets the sum. All 32 lanes must call it.
-template <int kLanes, int kCount> __device__ __forceinline__ void row_group_sums(float (&v)[kCount]) {
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-#pragma unroll
-    for (int k = 0; k < kCount; ++k) v[k] += __shfl_xor_sync(kFullMask, v[k], offset);
-  }
-}
-
-template <typename Ly> __device__ __forceinline__ int first_element(int v, int lane) {
-  return (v * Ly::kLanes + lane) * Ly::kVec;
-}
-
-// This lane's slice of an N-vector of type T (B or C), as stored; zero past N.
-template <typename Ly, typename T>
-__device__ __forceinline__ void load_slice_packs(const T* src, int lane, int64_t N,
-                                                 Pack<T, Ly::kVec> (&out)[Ly::kVecsPerLane]) {
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = first_element<Ly>(v, lane);
-    out[v] = !Ly::kMasked || n < N ? load_pack<T, Ly::kVec>(src + n) : Pack<T, Ly::kVec>{};
-  }
-}
-
-template <typename Ly, typename T>
-__device__ __forceinline__ void widen_slice(const Pack<T, Ly::kVec> (&in)[Ly::kVecsPerLane],
-                                            float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-    for (int e = 0; e < Ly::kVec; ++e) out[v][e] = to_float(in[v].v[e]);
-  }
-}
-
-// This lane's part of the dot product of two row slices (one fmaf chain, in element order).
-template <typename Ly>
-__device__ __forceinline__ float slice_dot(const float (&a)[Ly::kVecsPerLane][Ly::kVec],
-                                           const float (&b)[Ly::kVecsPerLane][Ly::kVec]) {
-  float acc = 0.f;
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-    for (int e = 0; e < Ly::kVec; ++e) acc = fmaf(a[v][e], b[v][e], acc);
-  }
-  return acc;
-}
-
-// This lane's slice of an N-vector of type T (B or C), widened; zero past N.
-template <typename Ly, typename T>
-__device__ __forceinline__ void load_slice(const T* src, int lane, int64_t N,
-                                           float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-  Pack<T, Ly::kVec> packs[Ly::kVecsPerLane];
-  load_slice_packs<Ly>(src, lane, N, packs);
-  widen_slice<Ly>(packs, out);
-}
-
-// Index, inside its chunk, of row k of batch `batch` of this thread's row group.
-template <typename Ly> __device__ __forceinline__ int chunk_row(int batch, int k, int group) {
-  return batch * Ly::kBatchRows + k * Ly::kRowGroups + group;
-}
-
-// Elements of one state row in the tile (and in the state for the vectorised layouts).
-template <typename Ly> __device__ __forceinline__ int64_t row_elements(int64_t N) {
-  return Ly::kMasked ? N : int64_t(Ly::kCoverN);
-}
-
-// Starts loading the chunk's state rows (rows x N, row stride stride_p) into `tile`: the bulk
-// copy engine for the vectorised layouts (wait_tile before use), element by element for the
-// generic one (visible after the next __syncthreads).
-template <typename S, typename Ly>
-__device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t stride_p,
-                                                int rows, int64_t N, uint64_t* barrier) {
-  if constexpr (Ly::kMasked) {
-    const int count = rows * int(N);
-    for (int idx = threadIdx.x; idx < count; idx += kThreads) {
-      const int i = idx / int(N), n = idx - i * int(N);
-      tile[idx] = load_one(state + i * stride_p + n);
-    }
-  } else {
-    if (threadIdx.x == 0) {
-      const unsigned row_bytes = unsigned(Ly::kCoverN * sizeof(S));
-      barrier_init(barrier);
-      barrier_expect_bytes(barrier, row_bytes * unsigned(rows));
-      if (stride_p == Ly::kCoverN) {
-        bulk_copy_to_shared(tile, state, row_bytes * unsigned(rows), barrier);
-      } else {
-        for (int i = 0; i < rows; ++i)
-          bulk_copy_to_shared(tile + i * Ly::kCoverN, state + i * stride_p, row_bytes, barrier);
-      }
-    }
-  }
-}
-
-template <typename Ly> __device__ __forceinline__ void wait_tile(uint64_t* barrier) {
-  if constexpr (!Ly::kMasked) barrier_wait(barrier, 0);
-}
-
-// Row i of the tile, this lane's slice, widened (zero for rows past the chunk and past N).
-template <typename S, typename Ly>
-__device__ __forceinline__ void tile_row(const S* tile, int i, int rows, int lane, int64_t N,
-                                         float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-  const S* row = tile + i * row_elements<Ly>(N);
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = first_element<Ly>(v, lane);
-    if (i < rows && (!Ly::kMasked || n < N)) {
-      const Pack<S, Ly::kVec> pk = *reinterpret_cast<const Pack<S, Ly::kVec>*>(row + n);
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) out[v][e] = to_float(pk.v[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) out[v][e] = 0.f;
-    }
-  }
-}
-
-template <typename S, typename Ly>
-__device__ __forceinline__ void store_row(S* state_row, const float (&s)[Ly::kVecsPerLane][Ly::kVec],
-                                          int lane, int64_t N) {
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = first_element<Ly>(v, lane);
-    if (!Ly::kMasked || n < N) {
-      Pack<S, Ly::kVec> pk;
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) pk.v[e] = from_float<S>(s[v][e]);
-      store_pack(state_row + n, pk);
-    }
-  }
-}
-
-// A flushed checkpoint row, rounded as common/rounding.hpp says: an 8-bit row gets its scale from
-// its absmax (a max over the row group's lanes) and lane 0 of the group writes it; `stochastic`
-// draws element row_element + n's bits from `random` (row_element: the row's first element in the
-// slot's (H, P, N) checkpoint). Every lane of the warp calls it (`valid`
-// false past the chunk).
-template <typename S, typename Ly>
-__device__ __forceinline__ void store_checkpoint_row(S* state_row, float* scale, bool valid,
-                                                     const float (&s)[Ly::kVecsPerLane][Ly::kVec],
-                                                     int lane, int64_t N, bool stochastic,
-                                                     FlushRandomBits& random,
-                                                     uint32_t row_element) {
-  float row_scale = 0.f;
-  if constexpr (CheckpointFormat<S>::kScaled) {
-    float absmax = 0.f;
-#pragma unroll
-    for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e)
-        if (!Ly::kMasked || first_element<Ly>(v, lane) + e < N) absmax = fmaxf(absmax, fabsf(s[v][e]));
-    }
-#pragma unroll
-    for (int offset = Ly::kLanes / 2; offset > 0; offset /= 2)
-      absmax = fmaxf(absmax, __shfl_xor_sync(kFullMask, absmax, offset));
-    row_scale = checkpoint_scale<S>(absmax);
-    if (valid && lane == 0) *scale = row_scale;
-  }
-  if (!valid) return;
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = first_element<Ly>(v, lane);
-    if (!Ly::kMasked || n < N) {
-      Pack<S, Ly::kVec> pk;
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) {
-        const uint32_t bits = stochastic ? random(row_element + uint32_t(n + e)) : 0u;
-        if constexpr (CheckpointFormat<S>::kScaled)
-          pk.v[e] = quantise<S>(s[v][e], row_scale, stochastic, bits);
-        else
-          pk.v[e] = round_checkpoint<S>(s[v][e], stochastic, bits);
-      }
-      store_pack(state_row + n, pk);
-    }
-  }
-}
-
-// Slot of batch row `row` on the device, or -1 when the row is skipped (pad or out of range).
-__device__ __forceinline__ int64_t device_slot(const Mamba2Params& p, int64_t row) {
-  const int64_t slot =
-      p.state_batch_indices ? load_one(p.state_batch_indices + row * p.state_batch_indices_stride)
-                            : row;
-  if (p.state_batch_indices && slot == p.pad_slot_id) return -1;
-  return slot >= 0 && slot < p.slots ? slot : -1;
-}
-
-__device__ __forceinline__ float head_value(const HeadScalar& s, int64_t h, float absent) {
-  return s.data ? load_as<float>(s.data, s.dtype, h * s.stride) : absent;
-}
-
-// The (row, head, chunk) a CTA works on: blockIdx.x = head * chunks + chunk, blockIdx.y = row, so
-// that the heads of one group run side by side and share their B history in L2. Index arithmetic
-// stays in 32 bits (64-bit division is a long subroutine).
-struct CtaWork {
-  int row, head, group;  // group: the head's group of B and C
-  int chunk;
-  int first;  // first head_dim row of the chunk
-  int rows;   // head_dim rows in the chunk
-};
-
-__device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_cta) {
-  const unsigned chunks = unsigned((int(p.head_dim) + rows_per_cta - 1) / rows_per_cta);
-  CtaWork w;
-  w.chunk = int(blockIdx.x % chunks);
-  w.head = int(blockIdx.x / chunks);
-  w.group = w.head / int(p.heads_per_group);
-  w.row = int(blockIdx.y);
-  w.first = w.chunk * rows_per_cta;
-  w.rows = min(rows_per_cta, int(p.head_dim) - w.first);
-  return w;
-}
-
-// Thread 0 waits for the tile while the others wait at the CTA barrier (no spinning warps).
-template <typename Ly> __device__ __forceinline__ void wait_tile_all(uint64_t* barrier) {
-  if (threadIdx.x == 0) wait_tile<Ly>(barrier);
-  __syncthreads();
-}
 
 // Baseline: S = exp(A dt) S + dt x B^T, y = S C; reads and writes the whole state.
 template <typename S, typename Act, RowLayoutKind kKind>
@@ -429,57 +74,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
       const int i = chunk_row<Ly>(batch, k, group);
       float s[Ly::kVecsPerLane][Ly::kVec];
       tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
-      const float xdt = i < w.rows ? dt * x_s[i] : 0.f;
-      y[k] = 0.f;
-#pragma unroll
-      for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-        for (int e = 0; e < Ly::kVec; ++e) {
-          s[v][e] = fmaf(xdt, b[v][e], decay * s[v][e]);
-          y[k] = fmaf(s[v][e], c[v][e], y[k]);
-        }
-      }
+      state_step<Ly>(s, decay, i < w.rows ? dt * x_s[i] : 0.f, b);
+      y[k] = slice_dot<Ly>(s, c);
       if (i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s, lane, N);
     }
     row_group_sums<Ly::kLanes>(y);
     store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s, gated ? z_s : nullptr);
   }
-}
-
-// One warp: the effective dt of the window's count = cursor + 1 tokens (two per lane), their
-// weights weight_j = dt_j exp(A sum_{i>j} dt_i) (into weights[0, 64)) and the checkpoint decay
-// exp(A sum_i dt_i) (into *decay). The sums over later tokens are backward suffix sums, never
-// differences of prefix sums. raw_dt holds the raw dt of tokens lane and lane + 32.
-__device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int cursor, float A,
-                                               float bias, bool dt_softplus, float* weights,
-                                               float* decay) {
-  const int lane = threadIdx.x % 32;
-  float dt[2], later[2], total[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int j = lane + 32 * half;
-    dt[half] = j <= cursor ? effective_dt(raw_dt[half], bias, dt_softplus) : 0.f;
-    total[half] = dt[half];  // becomes sum_{i>=j} dt_i within the half
-  }
-#pragma unroll
-  for (int offset = 1; offset < 32; offset *= 2) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float t = __shfl_down_sync(kFullMask, total[half], offset);
-      if (lane + offset < 32) total[half] += t;
-    }
-  }
-  const float upper = __shfl_sync(kFullMask, total[1], 0);  // sum of tokens 32..63
-  total[0] += upper;
-  later[0] = __shfl_down_sync(kFullMask, total[0], 1);
-  later[1] = __shfl_down_sync(kFullMask, total[1], 1);
-  if (lane == 31) {
-    later[0] = upper;
-    later[1] = 0.f;
-  }
-  weights[lane] = dt[0] * expf(A * later[0]);
-  weights[lane + 32] = dt[1] * expf(A * later[1]);
-  if (lane == 0) *decay = expf(A * total[0]);
 }
 
 // The split path's first kernel (a workspace was given): the window work of the non-flush rows,
@@ -576,7 +177,7 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
 
   // Warp k: head k's window weights and decay; this step's raw dt appended.
   if (warp < heads) {
-    window_weights(raw_dt, cursor, A, bias, p.dt_softplus, weights[warp], &decay[warp]);
+    window_weights(raw_dt, 0, cursor, A, bias, p.dt_softplus, weights[warp], &decay[warp]);
     if (lane == 0) {
       D_s[warp] = D;
       dt_hist[cursor] = raw_now;
@@ -777,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   }
 
   if (threadIdx.x < 32) {
-    window_weights(raw_dt, cursor, A, bias, p.dt_softplus, window + kWeightsOffset,
+    window_weights(raw_dt, 0, cursor, A, bias, p.dt_softplus, window + kWeightsOffset,
                    window + kDecayOffset);
     if (threadIdx.x == 0 && !flush && w.chunk == 0) dt_hist[cursor] = raw_dt_now;
   }
@@ -859,27 +460,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
 #pragma unroll
           for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay * row_scale(i);
         }
-        constexpr int kTokensInFlight = 2;
-        for (int j0 = 0; j0 < count; j0 += kTokensInFlight) {
-          Pack<Act, Ly::kVec> bj[kTokensInFlight][Ly::kVecsPerLane];
-#pragma unroll
-          for (int t = 0; t < kTokensInFlight; ++t) {
-            if (j0 + t < count) load_slice_packs<Ly>(B_of(j0 + t), lane, N, bj[t]);
-          }
-#pragma unroll
-          for (int t = 0; t < kTokensInFlight; ++t) {
-            const int j = j0 + t;
-            if (j >= count) break;
-            float b[Ly::kVecsPerLane][Ly::kVec];
-            widen_slice<Ly>(bj[t], b);
-            const float a = i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f;
-#pragma unroll
-            for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-              for (int e = 0; e < Ly::kVec; ++e) s[v][e] = fmaf(a, b[v][e], s[v][e]);
-            }
-          }
-        }
+        add_tokens<Ly, Act>(s, 0, count, lane, N, B_of, [&](int j) {
+          return i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f;
+        });
         if (flush)
           store_checkpoint_row<S, Ly>(state + i * p.state_stride_p, scale ? scale + i : nullptr,
                                       i < w.rows, s, lane, N, kStochastic, random,

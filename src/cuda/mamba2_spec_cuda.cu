@@ -1,72 +1,52 @@
-// Host side of the speculative CUDA backend: picks the launch, dispatches on the dtypes, and runs
-// the ring kernels.
+// Host side of the speculative CUDA backend: picks the row layout and the rows per CTA (as standard
+// decode does), dispatches on the dtypes, and runs the ring kernels.
 #include "cuda/mamba2_spec_cuda.hpp"
 
-#include <algorithm>
 #include <cstdint>
-#include <string>
 
 #include "cuda/check.hpp"
+#include "cuda/launch_shape.hpp"
 #include "cuda/mamba2_spec_launch.hpp"
 
 namespace replayssm::cuda {
 namespace {
 
-// Head_dim rows per CTA shrink (to more, shorter CTAs) until the grid has this many CTAs per SM.
-constexpr int64_t kTargetCtasPerSm = 8;
-constexpr int kMaxRowsPerCta = 64;
-constexpr int kMinRowsPerCta = 4;  // one row per warp
+// Whole heads per CTA unless that leaves fewer than this many CTAs per SM, as in standard decode.
+constexpr int64_t kTargetCtasPerSm = 16;
 constexpr int kRingThreads = 256;
-constexpr int64_t kMaxGridRows = 65535;  // batch rows run along the grid's y axis
 
-int device_attribute(cudaDeviceAttr attribute) {
-  int device = 0, value = 0;
-  REPLAYSSM_CUDA_CHECK(cudaGetDevice(&device));
-  REPLAYSSM_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
-  return value;
+// The layout of standard decode (launch_shape.hpp), kept only if the window's token strides of B
+// and C (and the B ring, for verify) keep its slice accesses aligned.
+RowLayoutKind spec_layout(const WindowParams& p, const SpecVerifyParams* verify) {
+  const RowLayoutKind kind = vectorised_layout(p);
+  if (kind == RowLayoutKind::kGeneric) return kind;
+  const int64_t a = dtype_size(p.act_dtype), slice = slice_access_bytes(p, kind);
+  bool ok = aligned(p.B, a, slice, {p.B_stride_token}) && aligned(p.C, a, slice, {p.C_stride_token});
+  if (verify)
+    ok = ok && aligned(verify->B_cache, a, slice,
+                       {verify->Bc_stride_slot, verify->Bc_stride_group, verify->Bc_stride_pos});
+  return ok ? kind : RowLayoutKind::kGeneric;
 }
 
-std::string text(int64_t v) { return std::to_string(v); }
-
-// rows_per_cta from the batch and the device, the shared memory it needs checked against the
-// device's; 16-byte state accesses when every state row is 16-byte aligned.
-template <typename Params>
-SpecLaunch choose_launch(const Params& p, int64_t (*smem_bytes)(const Params&, int)) {
-  if (p.state_dim > kMaxSpecStateDim)
-    throw InvalidArgument("replayssm: state.size(3)=" + text(p.state_dim) + " (state_dim) exceeds " +
-                          text(kMaxSpecStateDim) + ", the largest state_dim the CUDA speculative kernels support");
-  if (p.batch > kMaxGridRows)
-    throw InvalidArgument("replayssm: batch=" + text(p.batch) +
-                          " exceeds the CUDA grid: the CUDA backend takes at most " + text(kMaxGridRows) +
-                          " rows a call");
-  SpecLaunch l;
-  l.rows_per_cta = int(std::min<int64_t>(p.head_dim, kMaxRowsPerCta));
-  auto ctas = [&](int rows) { return p.nheads * ((p.head_dim + rows - 1) / rows); };
-  const int64_t target = kTargetCtasPerSm * device_attribute(cudaDevAttrMultiProcessorCount);
-  while (l.rows_per_cta > kMinRowsPerCta && p.batch * ctas(l.rows_per_cta) < target) l.rows_per_cta /= 2;
-  l.rows_per_cta = std::max(l.rows_per_cta, std::min<int>(kMinRowsPerCta, int(p.head_dim)));
-  l.ctas_per_row = ctas(l.rows_per_cta);
-  const int64_t smem = smem_bytes(p, l.rows_per_cta);
-  const int64_t limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  if (smem > limit)
-    throw InvalidArgument("replayssm: the CUDA speculative kernels need " + text(smem) +
-                          " bytes of shared memory per CTA for this buffer_len, window and state_dim, " +
-                          "more than the device's " + text(limit));
-  const int64_t s = dtype_size(p.state_dtype), vec = 16 / s;
-  l.vectorised = p.state_dim % vec == 0 && reinterpret_cast<uintptr_t>(p.state) % 16 == 0 &&
-                 (p.state_stride_slot * s) % 16 == 0 && (p.state_stride_head * s) % 16 == 0 &&
-                 (p.state_stride_p * s) % 16 == 0;
-  return l;
-}
+template <typename S, typename Act> struct Verify {
+  static void run(const SpecVerifyParams& p, RowLayoutKind k, int rows, cudaStream_t s) {
+    launch_spec_verify<S, Act>(p, k, rows, s);
+  }
+};
+template <typename S, typename Act> struct Baseline {
+  static void run(const SpecBaselineParams& p, RowLayoutKind k, int rows, cudaStream_t s) {
+    launch_spec_baseline<S, Act>(p, k, rows, s);
+  }
+};
 
 template <template <typename, typename> class Launch, typename Params>
-void dispatch(const Params& p, const SpecLaunch& l, cudaStream_t stream) {
+void dispatch(const Params& p, RowLayoutKind kind, int rows, cudaStream_t stream) {
   auto with_act = [&](auto state_tag) {
     using S = decltype(state_tag);
     switch (p.act_dtype) {
-      case DType::kFloat16: return Launch<S, Half>::run(p, l, stream);
-      case DType::kBFloat16: return Launch<S, BFloat16>::run(p, l, stream);
-      default: return Launch<S, float>::run(p, l, stream);
+      case DType::kFloat16: return Launch<S, Half>::run(p, kind, rows, stream);
+      case DType::kBFloat16: return Launch<S, BFloat16>::run(p, kind, rows, stream);
+      default: return Launch<S, float>::run(p, kind, rows, stream);
     }
   };
   switch (p.state_dtype) {
@@ -75,17 +55,6 @@ void dispatch(const Params& p, const SpecLaunch& l, cudaStream_t stream) {
     default: return with_act(float{});
   }
 }
-
-template <typename S, typename Act> struct Verify {
-  static void run(const SpecVerifyParams& p, const SpecLaunch& l, cudaStream_t s) {
-    launch_spec_verify<S, Act>(p, l, s);
-  }
-};
-template <typename S, typename Act> struct Baseline {
-  static void run(const SpecBaselineParams& p, const SpecLaunch& l, cudaStream_t s) {
-    launch_spec_baseline<S, Act>(p, l, s);
-  }
-};
 
 __device__ int64_t ring_slot(const SpecRingParams& p, int64_t i) {
   if (p.slot_ids == nullptr) return i;
@@ -123,16 +92,22 @@ unsigned ring_grid(const SpecRingParams& p) { return unsigned((p.count + kRingTh
 
 void spec_verify(const SpecVerifyParams& p, void* stream) {
   const ScopedDevice on_device(p.device_index);
-  const SpecLaunch l = choose_launch(p, spec_verify_smem_bytes);
+  const RowLayoutKind kind = spec_layout(p, &p);
+  const int rows = rows_per_cta_for(p, kind, 0, kTargetCtasPerSm, kSpecMaxSharedBytes, [&](int64_t r) {
+    return spec_verify_smem_bytes(p, kind, r);
+  });
   if (p.batch == 0) return;
-  dispatch<Verify>(p, l, static_cast<cudaStream_t>(stream));
+  dispatch<Verify>(p, kind, rows, static_cast<cudaStream_t>(stream));
 }
 
 void spec_state_update(const SpecBaselineParams& p, void* stream) {
   const ScopedDevice on_device(p.device_index);
-  const SpecLaunch l = choose_launch(p, spec_baseline_smem_bytes);
+  const RowLayoutKind kind = spec_layout(p, nullptr);
+  const int rows = rows_per_cta_for(p, kind, 0, kTargetCtasPerSm, kSpecMaxSharedBytes, [&](int64_t r) {
+    return spec_baseline_smem_bytes(p, kind, r);
+  });
   if (p.batch == 0) return;
-  dispatch<Baseline>(p, l, static_cast<cudaStream_t>(stream));
+  dispatch<Baseline>(p, kind, rows, static_cast<cudaStream_t>(stream));
 }
 
 void spec_commit(const SpecRingParams& p, void* stream) {

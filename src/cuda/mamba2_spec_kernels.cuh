@@ -1,423 +1,491 @@
-// Speculative decoding kernels: ReplaySSM verify and the baseline speculative path. Included by
-// the per-state-dtype instantiation files (mamba2_spec_*.cu) only.
+// Speculative decoding kernels: ReplaySSM verify and the baseline speculative path, built from the
+// pieces of the decode kernels (decode_primitives.cuh). Included by the per-state-dtype
+// instantiation files (mamba2_spec_*.cu) only.
 //
-// One CTA handles one (row, head, chunk of head_dim rows); each warp takes one state row at a
-// time, its lanes holding the row's state_dim columns in registers (16-byte loads where the
-// layout allows it). The state is read once per verify step; only flush rows (ReplaySSM) and the
-// T positions (baseline) write it. Everything a row's tokens share (their B, the window's C, the
-// weights) is staged in shared memory once per CTA.
+// As in standard decode, one CTA handles one (batch row, head, chunk of head_dim rows): its first
+// thread bulk-copies the chunk's state rows into shared memory while the CTA stages the window.
+// Each row group then holds a few state rows in registers for every position of the window, so
+// the state is read once per verify step; the T outputs of a row are reduced together.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "api/spec_params.hpp"
-#include "common/mamba2_math.hpp"
 #include "cuda/check.hpp"
+#include "cuda/decode_primitives.cuh"
 #include "cuda/mamba2_spec_launch.hpp"
 
 namespace replayssm::cuda::spec {
 
-constexpr int kWarps = kSpecThreads / 32;
+// Registers for kRows state rows and their T sums: the shared memory of a whole-head fp32 tile
+// allows about five CTAs an SM anyway.
+constexpr int kMinCtasPerSm = 4;
+constexpr int kWarps = kThreads / 32;
+constexpr int kStagedTokens = 16;  // loads in flight per thread while staging a window's tokens
 
-template <typename T> __device__ __forceinline__ const T* at(const void* base, int64_t offset) {
-  return static_cast<const T*>(base) + offset;
-}
-template <typename T> __device__ __forceinline__ T* at(void* base, int64_t offset) {
-  return static_cast<T*>(base) + offset;
-}
-
-__device__ __forceinline__ float head_value(const HeadScalar& s, int64_t h, float absent) {
-  return s.data ? load_as<float>(s.data, s.dtype, h * s.stride) : absent;
+// The window's per-position values of one (row, head): token t of a window tensor sits at
+// base + t * token_stride.
+template <typename T> __device__ __forceinline__ const T* token(const void* base, int64_t offset, int64_t t,
+                                                               int64_t token_stride) {
+  return static_cast<const T*>(base) + offset + t * token_stride;
 }
 
-// VEC consecutive elements widened to fp32: one 16-byte load when VEC elements make 16 bytes.
-template <int VEC, typename S> __device__ __forceinline__ void load_vec(const S* src, float* dst) {
-  if constexpr (VEC * sizeof(S) == 16) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src);
-    const S* e = reinterpret_cast<const S*>(&raw);
+// This lane's slice of an N-vector of fp32 in shared memory (zero past N).
+template <typename Ly>
+__device__ __forceinline__ void shared_slice(const float* src, int lane, int64_t N,
+                                             float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) dst[v] = to_float(e[v]);
-  } else {
+  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+    const int n = first_element<Ly>(v, lane);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) dst[v] = to_float(src[v]);
+    for (int e = 0; e < Ly::kVec; ++e) out[v][e] = !Ly::kMasked || n + e < N ? src[n + e] : 0.f;
   }
 }
 
-// Rounds VEC values to S, stores them, and returns in `values` what was stored.
-template <int VEC, typename S> __device__ __forceinline__ void store_vec(float* values, S* dst) {
-  if constexpr (VEC * sizeof(S) == 16) {
-    uint4 raw;
-    S* e = reinterpret_cast<S*>(&raw);
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      e[v] = from_float<S>(values[v]);
-      values[v] = to_float(e[v]);
-    }
-    *reinterpret_cast<uint4*>(dst) = raw;
-  } else {
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      dst[v] = from_float<S>(values[v]);
-      values[v] = to_float(dst[v]);
-    }
-  }
+// The sums over a row group of kLanes lanes of kValues values a lane, by a transposing butterfly:
+// at each level a lane keeps half of its values and trades the other half, so that one shuffle
+// per traded value replaces one per value and level. Afterwards a lane holds held_sums() sums in
+// v[0 ..): those of values held_value(lane, r).
+template <int kLanes, int kValues> constexpr int held_sums() {
+  return kValues >= kLanes ? kValues / kLanes : 1;
 }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
+template <int kLanes, int kValues> __device__ __forceinline__ int held_value(int lane, int r) {
+  return kValues >= kLanes ? lane * (kValues / kLanes) + r : lane / (kLanes / kValues);
 }
-
-// The warp sums of eight values at once, by a transposing butterfly: at each of the first three
-// levels a lane keeps half of its values and trades the other half, so that 9 shuffles replace
-// 40. Returns the sum of value (lane >> 2) & 7, held by lanes 4u .. 4u + 3 for value u.
-__device__ __forceinline__ float warp_sums8(float (&v)[kMaxSpecWindow], int lane) {
-  static_assert(kMaxSpecWindow == 8, "the butterfly trades halves of eight values");
+// One level per call: the kLanes-lane groups become kLanes / 2-lane groups; a lane has kCount
+// values left (the compile-time counts keep the values in registers).
+template <int kLanes, int kCount, int kValues>
+__device__ __forceinline__ void transposed_sums(float (&v)[kValues], int lane) {
+  static_assert((kLanes & (kLanes - 1)) == 0 && (kCount & (kCount - 1)) == 0, "powers of two");
+  if constexpr (kLanes > 1) {
+    constexpr int kOffset = kLanes / 2;
+    if constexpr (kCount > 1) {
+      constexpr int kHalf = kCount / 2;
+      const bool upper = lane & kOffset;
 #pragma unroll
-  for (int half = 4, offset = 16; half >= 1; half >>= 1, offset >>= 1) {
-    const bool upper = lane & offset;
-#pragma unroll
-    for (int k = 0; k < half; ++k) {
-      const float received = __shfl_xor_sync(0xffffffffu, upper ? v[k] : v[k + half], offset);
-      v[k] = (upper ? v[k + half] : v[k]) + received;
-    }
-  }
-  float sum = v[0];
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  return sum;
-}
-
-// The columns of a state row a lane holds: CHUNKS groups of VEC, chunk k starting at
-// k * 32 * VEC + lane * VEC.
-template <int VEC, int CHUNKS> struct RowSlice {
-  float v[CHUNKS][VEC];
-
-  __device__ __forceinline__ static int64_t column(int k, int lane) { return int64_t(k) * 32 * VEC + lane * VEC; }
-
-  template <typename S> __device__ __forceinline__ void load(const S* row, int64_t N, int lane) {
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-      const int64_t c = column(k, lane);
-      if (c < N) {
-        load_vec<VEC>(row + c, v[k]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[k][e] = 0.f;
+      for (int k = 0; k < kHalf; ++k) {
+        const float low = v[k], high = v[k + kHalf];
+        const float received = __shfl_xor_sync(kFullMask, upper ? low : high, kOffset);
+        v[k] = (upper ? high : low) + received;
       }
+      transposed_sums<kOffset, kHalf>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(kFullMask, v[0], kOffset);
+      transposed_sums<kOffset, 1>(v, lane);
     }
   }
-  template <typename S> __device__ __forceinline__ void store(S* row, int64_t N, int lane) {
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k)
-      if (column(k, lane) < N) store_vec<VEC>(v[k], row + column(k, lane));
-  }
-  // v = decay v + a b, b (N) fp32 in shared memory.
-  __device__ __forceinline__ void decay_add(float decay, float a, const float* b, int64_t N, int lane) {
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-      const int64_t c = column(k, lane);
-      if (c < N)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[k][e] = decay * v[k][e] + a * b[c + e];
-    }
-  }
-  // This lane's share of the row dotted with b (N) fp32 in shared memory.
-  __device__ __forceinline__ float dot(const float* b, int64_t N, int lane) const {
-    float acc = 0.f;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-      const int64_t c = column(k, lane);
-      if (c < N)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc += v[k][e] * b[c + e];
-    }
-    return acc;
-  }
-};
-
-// The (head, first head_dim row) of this CTA.
-struct CtaRows {
-  int64_t h, i_begin, i_end;
-};
-
-__device__ __forceinline__ CtaRows cta_rows(int64_t P, int rows_per_cta) {
-  const int64_t chunks = (P + rows_per_cta - 1) / rows_per_cta;
-  CtaRows r;
-  r.h = blockIdx.x / chunks;
-  r.i_begin = blockIdx.x % chunks * rows_per_cta;
-  r.i_end = min(P, r.i_begin + rows_per_cta);
-  return r;
 }
 
-// out[row, t, h, i] = (y + D x) * silu(z).
-template <typename Act>
-__device__ __forceinline__ void write_out(const WindowParams& p, int64_t row, int64_t t, int64_t h, int64_t i,
-                                          float y, float x, float D) {
-  float v = y + D * x;
-  if (p.z)
-    v *= silu(to_float(*at<Act>(p.z, row * p.z_stride_batch + t * p.z_stride_token + h * p.z_stride_head + i)));
-  *at<Act>(p.out, row * p.out_stride_batch + t * p.out_stride_token + h * p.out_stride_head + i) = from_float<Act>(v);
+// The outputs of a batch of rows. y[t * kRows + k]: this lane's part of output t of row k of its
+// row group; out_t[i] = (scale_t sum + add_t[i]) * silu(z_t[i]) for the n valid positions, with
+// scale_t = scale[t] (or 1) and add, z (T, rows_per_cta) in shared memory.
+template <typename Ly, typename Act>
+__device__ __forceinline__ void store_window_outputs(const WindowParams& p, const CtaWork& w,
+                                                     float (&y)[kMaxSpecWindow * Ly::kRows], int n,
+                                                     int batch, int group, int lane, int rows_per_cta,
+                                                     const float* scale, const float* add, const float* z) {
+  constexpr int kValues = kMaxSpecWindow * Ly::kRows;
+  transposed_sums<Ly::kLanes, kValues>(y, lane);
+  // With fewer values than lanes, kLanes / kValues lanes hold each sum; the first writes it.
+  if (kValues < Ly::kLanes && lane % (Ly::kLanes / kValues) != 0) return;
+#pragma unroll
+  for (int r = 0; r < held_sums<Ly::kLanes, kValues>(); ++r) {
+    const int value = held_value<Ly::kLanes, kValues>(lane, r);
+    const int t = value / Ly::kRows, i = chunk_row<Ly>(batch, value % Ly::kRows, group);
+    if (t < n && i < w.rows) {
+      const int ti = t * rows_per_cta + i;
+      float v = (scale ? scale[t] * y[r] : y[r]) + add[ti];
+      if (z) v *= silu(z[ti]);
+      Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + t * p.out_stride_token +
+                 w.head * p.out_stride_head + w.first;
+      out[i] = from_float<Act>(v);
+    }
+  }
 }
 
-// ReplaySSM verify. Token j of a row: j < c the committed inputs in the ring, then the window.
-// Output t sees tokens [first, c + t], where first = c on a flush row (whose checkpoint has just
-// absorbed the committed inputs) and 0 otherwise:
-//   y_t = decay_t (S C_t) + sum_j weight_{j,t} (B_j . C_t) x_j
-template <typename S, typename Act, int VEC, int CHUNKS>
-__global__ void __launch_bounds__(kSpecThreads) verify_kernel(const SpecVerifyParams p, int rows_per_cta) {
-  const int64_t row = blockIdx.y;
-  const int64_t slot = slot_of_row(p, row);
-  if (slot < 0 || slot >= p.slots) return;
+// ReplaySSM verify. Token j of a row: j < c the committed inputs in the ring, then the window's
+// n tokens. Output t sees tokens [first, c + t], where first = c on a flush row (whose checkpoint
+// absorbs the committed inputs first) and 0 otherwise:
+//   y_t = decay_t (S C_t) + hist_t,  hist_t = sum_j weight_{j,t} (B_j . C_t) x_j + D x_{c+t}
+// The window work (hist, weights, B_j . C_t) is done once per CTA while the tile is in flight;
+// the row loop then only forms the dot products S C_t (and, on a flush row, the folded state).
+template <typename S, typename Act, RowLayoutKind kKind>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) verify_kernel(const SpecVerifyParams p,
+                                                                         int rows_per_cta) {
+  using Ly = Layout<S, kKind>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
+  const int64_t N = p.state_dim;
+  const int T = int(p.window), L = int(p.buffer_len), mask = int(p.ring_len) - 1;
+  const int pitch = int(window_pitch(rows_per_cta, Ly::kLanes));
+  const SpecVerifySmem layout = spec_verify_smem(rows_per_cta, N, T, L, Ly::kLanes);
+  S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (rows, N)
+  float* floats = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(rows_per_cta, N, sizeof(S)));
+  float* coef = floats + layout.coef;
+  float* fold = floats + layout.fold;
+  float* decay = floats + layout.decay;
+  float* B_s = floats + layout.B;
+  float* C_s = floats + layout.C;
+  float* z_s = floats + layout.z;
+  float* hist = floats + layout.hist;
+  float* x_s = floats + layout.x;
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
+  const int warp = threadIdx.x / 32;
+  const CtaWork w = cta_work(p, rows_per_cta);
+  const int64_t slot = device_slot(p, w.row);
+  if (slot < 0) return;
+  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + w.head * p.state_stride_head +
+             w.first * p.state_stride_p;  // (rows, N)
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
+
   const int32_t* ring = p.ring + slot * p.ring_stride_slot;
-  const int64_t origin = ring[0], committed = ring[p.ring_stride_field];
-  const int64_t T = p.window, L = p.buffer_len, N = p.state_dim, mask = p.ring_len - 1;
-  const int64_t n = valid_tokens(p, row);
-  if (origin < 0 || origin > mask || committed < 0 || committed > L - T || n < 1 || n > T) return;
-  const bool flush = spec_flushes(committed, T, L);
-  const int64_t first = flush ? committed : 0, count = committed + n;
-  const CtaRows cr = cta_rows(p.head_dim, rows_per_cta);
-  const int64_t h = cr.h, g = h / p.heads_per_group, rows = cr.i_end - cr.i_begin;
-  const int64_t act = sizeof(Act);
-
-  extern __shared__ float smem[];
-  float* Bs = smem;                     // (L, N): B of every token
-  float* Cs = Bs + L * N;               // (T, N): C of every window position
-  float* xs = Cs + T * N;               // (L, rows_per_cta): x of every token, this CTA's rows
-  float* coef = xs + L * rows_per_cta;  // (T, L): weight_{j,t} (B_j . C_t)
-  float* raw_dt = coef + T * L;         // (L)
-  float* fold_weight = raw_dt + L;      // (L): weights of the committed inputs at a flush
-  float* decay = fold_weight + L;       // (T + 1): decay_t, then the fold's decay
+  const int origin = load_one(ring), c = load_one(ring + p.ring_stride_field);
+  const int n = p.num_valid_tokens ? load_one(p.num_valid_tokens + w.row * p.num_valid_tokens_stride) : T;
+  const float A = head_value(p.A, w.head, 0.f), bias = head_value(p.dt_bias, w.head, 0.f);
+  const float D = head_value(p.D, w.head, 0.f);
+  if (origin < 0 || origin > mask || c < 0 || c > L - T || n < 1 || n > T) {  // corrupt: touch nothing
+    wait_tile<Ly>(barrier);  // (after the copy into this CTA's shared memory has landed)
+    return;
+  }
+  const bool flush = spec_flushes(c, T, L);
+  const int first = flush ? c : 0, count = c + n;
 
   // Token j's inputs: the ring below c, the window from c on.
-  const char* B_ring = static_cast<const char*>(p.B_cache) + (slot * p.Bc_stride_slot + g * p.Bc_stride_group) * act;
-  Act* x_ring = at<Act>(p.x_cache, slot * p.xc_stride_slot + h * p.xc_stride_head);
-  float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;
-  auto B_of = [&](int64_t j) -> const Act* {
-    if (j < committed) return reinterpret_cast<const Act*>(B_ring + ((origin + j) & mask) * p.Bc_stride_pos * act);
-    return at<Act>(p.B, row * p.B_stride_batch + (j - committed) * p.B_stride_token + g * p.B_stride_group);
+  const int g = w.group;
+  Act* B_ring = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + g * p.Bc_stride_group;
+  Act* x_ring = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + w.head * p.xc_stride_head + w.first;
+  float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + w.head * p.dtc_stride_head;
+  const int64_t B_offset = w.row * p.B_stride_batch + g * p.B_stride_group;
+  const int64_t x_offset = w.row * p.x_stride_batch + w.head * p.x_stride_head + w.first;
+  const int64_t dt_offset = w.row * p.dt_stride_batch + w.head * p.dt_stride_head;
+  auto position = [&](int j) { return (origin + j) & mask; };
+  auto B_of = [&](int j) -> const Act* {
+    return j < c ? B_ring + position(j) * p.Bc_stride_pos : token<Act>(p.B, B_offset, j - c, p.B_stride_token);
   };
-  auto x_of = [&](int64_t j) -> const Act* {
-    if (j < committed) return x_ring + ((origin + j) & mask) * p.xc_stride_pos;
-    return at<Act>(p.x, row * p.x_stride_batch + (j - committed) * p.x_stride_token + h * p.x_stride_head);
+  auto x_of = [&](int j) -> const Act* {
+    return j < c ? x_ring + position(j) * p.xc_stride_pos : token<Act>(p.x, x_offset, j - c, p.x_stride_token);
+  };
+  auto raw_dt_of = [&](int j) {
+    return j < c ? __ldg(dt_ring + position(j)) : load_as<float>(p.dt, p.dt_dtype, dt_offset + (j - c) * p.dt_stride_token);
   };
 
-  for (int64_t e = threadIdx.x; e < count * N; e += blockDim.x) Bs[e] = to_float(B_of(e / N)[e % N]);
-  for (int64_t e = threadIdx.x; e < n * N; e += blockDim.x)
-    Cs[e] = to_float(*at<Act>(p.C, row * p.C_stride_batch + e / N * p.C_stride_token + g * p.C_stride_group + e % N));
-  for (int64_t e = threadIdx.x; e < count * rows; e += blockDim.x)
-    xs[e / rows * rows_per_cta + e % rows] = to_float(x_of(e / rows)[cr.i_begin + e % rows]);
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
-    raw_dt[j] = j < committed ? dt_ring[(origin + j) & mask]
-                              : load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch +
-                                                                     (j - committed) * p.dt_stride_token +
-                                                                     h * p.dt_stride_head);
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t e = warp; e < n * count; e += kWarps) {  // B_j . C_t, one warp per pair
-    const int64_t t = e / count, j = e % count;
-    if (j < first || j > committed + t) continue;
-    float bc = 0.f;
-    for (int64_t k = lane; k < N; k += 32) bc += Bs[j * N + k] * Cs[t * N + k];
-    bc = warp_sum(bc);
-    if (lane == 0) coef[t * L + j] = bc;
-  }
-  __syncthreads();
-  // Weights by backward sums of the effective dt (no cancellation), as every backend computes them.
-  const float A = head_value(p.A, h, 0.f), bias = head_value(p.dt_bias, h, 0.f);
-  if (threadIdx.x < n) {
-    const int64_t t = threadIdx.x;
-    float later = 0.f;
-    for (int64_t j = committed + t; j >= first; --j) {
-      const float dt = effective_dt(raw_dt[j], bias, p.dt_softplus);
-      coef[t * L + j] *= dt * expf(A * later);
-      later += dt;
-    }
-    decay[t] = expf(A * later);
-  }
-  if (flush && threadIdx.x == blockDim.x - 1) {
-    float later = 0.f;
-    for (int64_t j = committed - 1; j >= 0; --j) {
-      const float dt = effective_dt(raw_dt[j], bias, p.dt_softplus);
-      fold_weight[j] = dt * expf(A * later);
-      later += dt;
-    }
-    decay[T] = expf(A * later);
-  }
-  __syncthreads();
-
-  const float D = head_value(p.D, h, 0.f);
-  S* head_state = at<S>(p.state, slot * p.state_stride_slot + h * p.state_stride_head);
-  // Each warp loads its next row while it works on the current one: two rows in flight.
-  RowSlice<VEC, CHUNKS> next;
-  if (cr.i_begin + warp < cr.i_end) next.load(head_state + (cr.i_begin + warp) * p.state_stride_p, N, lane);
-  for (int64_t i = cr.i_begin + warp; i < cr.i_end; i += kWarps) {
-    const int64_t r = i - cr.i_begin;
-    S* state_row = head_state + i * p.state_stride_p;
-    RowSlice<VEC, CHUNKS> s = next;
-    if (i + kWarps < cr.i_end) next.load(state_row + kWarps * p.state_stride_p, N, lane);
-    if (flush) {  // the checkpoint becomes the state after the committed inputs
-      const float fold_decay = decay[T];
-      for (int64_t j = 0; j < committed; ++j)
-        s.decay_add(j == 0 ? fold_decay : 1.f, fold_weight[j] * xs[j * rows_per_cta + r], Bs + j * N, N, lane);
-      s.store(state_row, N, lane);
-    }
-    float dots[kMaxSpecWindow];
+  // Every warp reads the raw dt of the tokens (two a lane); B, C, x and z are staged (widened),
+  // and the window's x, dt and B appended to the ring at positions c .. c + n - 1, uncommitted.
+  float raw_dt[2];
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) dots[t] = t < n ? s.dot(Cs + t * N, N, lane) : 0.f;
-    const float dot_t = warp_sums8(dots, lane);
-    const int64_t t = lane >> 2;
-    if ((lane & 3) == 0 && t < n) {
-      float y = decay[t] * dot_t;
-      for (int64_t j = first; j <= committed + t; ++j) y += coef[t * L + j] * xs[j * rows_per_cta + r];
-      write_out<Act>(p, row, t, h, i, y, xs[(committed + t) * rows_per_cta + r], D);
+  for (int h = 0; h < 2; ++h) {
+    const int j = threadIdx.x % 32 + 32 * h;
+    raw_dt[h] = j < count ? raw_dt_of(j) : 0.f;
+  }
+  // Each thread issues all of its loads of a stage before its first store (the stores could alias
+  // the loads for all the compiler knows, which would serialise one memory round trip a token).
+  const bool appends_B = w.chunk == 0 && w.head == g * int(p.heads_per_group);
+  for (int j0 = 0; j0 < count; j0 += kStagedTokens) {
+    for (int k = threadIdx.x; k < N; k += kThreads) {
+      Act v[kStagedTokens];
+#pragma unroll
+      for (int u = 0; u < kStagedTokens; ++u)
+        if (j0 + u < count) v[u] = load_one(B_of(j0 + u) + k);
+#pragma unroll
+      for (int u = 0; u < kStagedTokens; ++u) {
+        const int j = j0 + u;
+        if (j >= count) break;
+        B_s[j * N + k] = to_float(v[u]);
+        if (appends_B && j >= c) B_ring[position(j) * p.Bc_stride_pos + k] = v[u];
+      }
     }
   }
-
-  // Append the window, uncommitted: x of this CTA's rows; dt and B by the first chunk (B by the
-  // first head of the group).
-  for (int64_t e = threadIdx.x; e < n * rows; e += blockDim.x) {
-    const int64_t t = e / rows, i = cr.i_begin + e % rows;
-    x_ring[((origin + committed + t) & mask) * p.xc_stride_pos + i] = x_of(committed + t)[i];
+  for (int k = threadIdx.x; k < N; k += kThreads) {
+    Act v[kMaxSpecWindow];
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t)
+      if (t < n) v[t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t)
+      if (t < n) C_s[t * N + k] = to_float(v[t]);
   }
-  if (cr.i_begin == 0) {
-    for (int64_t t = threadIdx.x; t < n; t += blockDim.x)
-      dt_ring[(origin + committed + t) & mask] = raw_dt[committed + t];
-    if (h % p.heads_per_group == 0)
-      for (int64_t e = threadIdx.x; e < n * N; e += blockDim.x) {
-        const int64_t t = e / N, pos = (origin + committed + t) & mask;
-        at<Act>(p.B_cache, slot * p.Bc_stride_slot + g * p.Bc_stride_group + pos * p.Bc_stride_pos)[e % N] =
-            B_of(committed + t)[e % N];
+  // Thread (i, j0) of the chunk rows stages tokens j0, j0 + x_step, ... of row i.
+  const int x_step = kThreads / rows_per_cta;
+  const int x_row = threadIdx.x % rows_per_cta, x_first = threadIdx.x / rows_per_cta;
+  const bool stages_x = x_row < w.rows && x_first < x_step;
+  if (stages_x) {
+    for (int j0 = x_first; j0 < count; j0 += kStagedTokens * x_step) {
+      Act v[kStagedTokens];
+#pragma unroll
+      for (int u = 0; u < kStagedTokens; ++u)
+        if (j0 + u * x_step < count) v[u] = load_one(x_of(j0 + u * x_step) + x_row);
+#pragma unroll
+      for (int u = 0; u < kStagedTokens; ++u) {
+        const int j = j0 + u * x_step;
+        if (j >= count) break;
+        x_s[j * pitch + x_row] = to_float(v[u]);
+        if (j >= c) x_ring[position(j) * p.xc_stride_pos + x_row] = v[u];
       }
+    }
+  }
+  if (p.z && int(threadIdx.x) < w.rows) {
+    const int64_t z_offset = w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + threadIdx.x;
+    Act v[kMaxSpecWindow];
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t)
+      if (t < n) v[t] = load_one(token<Act>(p.z, z_offset, t, p.z_stride_token));
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t)
+      if (t < n) z_s[t * rows_per_cta + threadIdx.x] = to_float(v[t]);
+  }
+  if (w.chunk == 0 && int(threadIdx.x) < n) dt_ring[position(c + threadIdx.x)] = raw_dt_of(c + threadIdx.x);
+  // Warp u % kWarps: the weights of output u over [first, c + u], and after the outputs, on a
+  // flush row, those of the committed inputs [0, c) that the fold adds to the checkpoint.
+  for (int u = warp; u < n + (flush ? 1 : 0); u += kWarps) {
+    if (u < n) window_weights(raw_dt, first, c + u, A, bias, p.dt_softplus, coef + u * kMaxBufferLen, decay + u);
+    else window_weights(raw_dt, 0, c - 1, A, bias, p.dt_softplus, fold, decay + kMaxSpecWindow);
+  }
+  __syncthreads();
+
+  // The history coefficients: coef[t][j] = weight_{j,t} (B_j . C_t), one token per row group at a
+  // time.
+  for (int j0 = first; j0 < count; j0 += Ly::kRowGroups) {
+    const int j = j0 + group;
+    float b[Ly::kVecsPerLane][Ly::kVec];
+    shared_slice<Ly>(B_s + min(j, count - 1) * N, lane, N, b);
+    for (int t = 0; t < n; ++t) {
+      float c_t[Ly::kVecsPerLane][Ly::kVec];
+      shared_slice<Ly>(C_s + t * N, lane, N, c_t);
+      float dot[1] = {slice_dot<Ly>(b, c_t)};
+      row_group_sums<Ly::kLanes>(dot);
+      if (lane == 0 && j < count && j <= c + t) coef[t * kMaxBufferLen + j] *= dot[0];
+    }
+  }
+  __syncthreads();
+  // hist[t][i], one (row, output) pair per thread at a time.
+  if (stages_x) {
+    for (int t = x_first; t < n; t += x_step) {
+      const float* coef_t = coef + t * kMaxBufferLen;
+      float sum = D * x_s[(c + t) * pitch + x_row];
+      for (int j = first; j <= c + t; ++j) sum = fmaf(coef_t[j], x_s[j * pitch + x_row], sum);
+      hist[t * rows_per_cta + x_row] = sum;
+    }
+  }
+  wait_tile_all<Ly>(barrier);
+
+  const float fold_decay = decay[kMaxSpecWindow];
+  const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+  for (int batch = 0; batch < batches; ++batch) {
+    float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
+#pragma unroll
+    for (int k = 0; k < Ly::kRows; ++k) tile_row<S, Ly>(tile, chunk_row<Ly>(batch, k, group), w.rows, lane, N, s[k]);
+    if (flush) {  // the checkpoint becomes the state after the committed inputs
+#pragma unroll
+      for (int k = 0; k < Ly::kRows; ++k) {
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+          for (int e = 0; e < Ly::kVec; ++e) s[k][v][e] *= fold_decay;
+        }
+      }
+      for (int j = 0; j < c; ++j) {
+        float b[Ly::kVecsPerLane][Ly::kVec];
+        shared_slice<Ly>(B_s + j * N, lane, N, b);
+#pragma unroll
+        for (int k = 0; k < Ly::kRows; ++k) {
+          const int i = chunk_row<Ly>(batch, k, group);
+          state_step<Ly>(s[k], 1.f, i < w.rows ? fold[j] * x_s[j * pitch + i] : 0.f, b);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < Ly::kRows; ++k) {
+        const int i = chunk_row<Ly>(batch, k, group);
+        if (i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s[k], lane, N);
+      }
+    }
+    float y[kMaxSpecWindow * Ly::kRows];
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t) {
+      float c_t[Ly::kVecsPerLane][Ly::kVec];
+      if (t < n) shared_slice<Ly>(C_s + t * N, lane, N, c_t);
+#pragma unroll
+      for (int k = 0; k < Ly::kRows; ++k) y[t * Ly::kRows + k] = t < n ? slice_dot<Ly>(s[k], c_t) : 0.f;
+    }
+    store_window_outputs<Ly, Act>(p, w, y, n, batch, group, lane, rows_per_cta, decay, hist,
+                                  p.z ? z_s : nullptr);
   }
 }
 
-// The baseline: token by token from the previous window's accepted state, each position's state
-// stored (and continued from as stored) in its slot: S = exp(A dt) S + dt x B^T, y = S C.
-template <typename S, typename Act, int VEC, int CHUNKS>
-__global__ void __launch_bounds__(kSpecThreads) baseline_kernel(const SpecBaselineParams p, int rows_per_cta) {
-  const int64_t row = blockIdx.y;
-  const int64_t first_slot = slot_of_row(p, row);
-  if (first_slot < 0 || first_slot >= p.slots) return;
-  const int64_t T = p.window, N = p.state_dim;
-  const int64_t n = valid_tokens(p, row);
-  const int64_t k = p.num_accepted_tokens[row * p.num_accepted_tokens_stride];
-  if (n < 1 || n > T || k < 1 || k > T) return;
-  const int64_t source = baseline_slot(p, row, k - 1);
-  if (source < 0 || source >= p.slots) return;
-  for (int64_t t = 0; t < n; ++t)
-    if (baseline_slot(p, row, t) < 0 || baseline_slot(p, row, t) >= p.slots) return;
-  const CtaRows cr = cta_rows(p.head_dim, rows_per_cta);
-  const int64_t h = cr.h, g = h / p.heads_per_group, rows = cr.i_end - cr.i_begin;
+// The baseline: token by token from the previous window's accepted state, the state after each
+// position stored in its slot: S = exp(A dt) S + dt x B^T, y = S C. The state stays in registers
+// across the positions (each store is the rounded copy of it).
+template <typename S, typename Act, RowLayoutKind kKind>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) baseline_kernel(const SpecBaselineParams p,
+                                                                           int rows_per_cta) {
+  using Ly = Layout<S, kKind>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
+  const int64_t N = p.state_dim;
+  const int T = int(p.window);
+  const SpecBaselineSmem layout = spec_baseline_smem(rows_per_cta, N, T);
+  S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (rows, N)
+  float* floats = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(rows_per_cta, N, sizeof(S)));
+  float* B_s = floats + layout.B;
+  float* C_s = floats + layout.C;
+  float* xdt_s = floats + layout.xdt;
+  float* Dx_s = floats + layout.Dx;
+  float* z_s = floats + layout.z;
+  float* decay_s = floats + layout.decay;
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
+  const CtaWork w = cta_work(p, rows_per_cta);
+  if (device_slot(p, w.row) < 0) return;
+  const int n = p.num_valid_tokens ? load_one(p.num_valid_tokens + w.row * p.num_valid_tokens_stride) : T;
+  const int accepted = load_one(p.num_accepted_tokens + w.row * p.num_accepted_tokens_stride);
+  if (n < 1 || n > T || accepted < 1 || accepted > T) return;
+  auto valid_slot = [&](int64_t s) { return s >= 0 && s < p.slots; };
+  const int64_t source = baseline_slot(p, w.row, accepted - 1);
+  if (!valid_slot(source)) return;
+  const int64_t head_offset = w.head * p.state_stride_head + w.first * p.state_stride_p;
+  start_tile_load<S, Ly>(tile, static_cast<const S*>(p.state) + source * p.state_stride_slot + head_offset,
+                         p.state_stride_p, w.rows, N, barrier);
+  S* states[kMaxSpecWindow];  // the chunk's rows in each position's slot
+  bool slots_valid = true;
+#pragma unroll
+  for (int t = 0; t < kMaxSpecWindow; ++t) {
+    const int64_t slot = t < n ? baseline_slot(p, w.row, t) : 0;
+    slots_valid = slots_valid && valid_slot(slot);
+    states[t] = static_cast<S*>(p.state) + slot * p.state_stride_slot + head_offset;
+  }
+  if (!slots_valid) {
+    wait_tile<Ly>(barrier);
+    return;
+  }
 
-  extern __shared__ float smem[];
-  float* Bs = smem;                     // (T, N)
-  float* Cs = Bs + T * N;               // (T, N)
-  float* xs = Cs + T * N;               // (T, rows_per_cta)
-  float* dts = xs + T * rows_per_cta;   // (T): effective dt
-  float* decays = dts + T;              // (T): exp(A dt)
-  for (int64_t e = threadIdx.x; e < n * N; e += blockDim.x) {
-    const int64_t t = e / N, k = e % N;
-    Bs[e] = to_float(*at<Act>(p.B, row * p.B_stride_batch + t * p.B_stride_token + g * p.B_stride_group + k));
-    Cs[e] = to_float(*at<Act>(p.C, row * p.C_stride_batch + t * p.C_stride_token + g * p.C_stride_group + k));
-  }
-  for (int64_t e = threadIdx.x; e < n * rows; e += blockDim.x) {
-    const int64_t t = e / rows, i = cr.i_begin + e % rows;
-    xs[t * rows_per_cta + e % rows] =
-        to_float(*at<Act>(p.x, row * p.x_stride_batch + t * p.x_stride_token + h * p.x_stride_head + i));
-  }
-  const float A = head_value(p.A, h, 0.f);
-  if (threadIdx.x < n) {
-    const int64_t t = threadIdx.x;
-    const float raw = load_as<float>(
-        p.dt, p.dt_dtype, row * p.dt_stride_batch + t * p.dt_stride_token + h * p.dt_stride_head);
-    const float dt = effective_dt(raw, head_value(p.dt_bias, h, 0.f), p.dt_softplus);
-    dts[threadIdx.x] = dt;
-    decays[threadIdx.x] = expf(A * dt);
-  }
-  __syncthreads();
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float D = head_value(p.D, h, 0.f);
-  const int64_t head_offset = h * p.state_stride_head;
-  // Each warp loads its next row while it works on the current one: two rows in flight.
-  const S* source_state = at<S>(p.state, source * p.state_stride_slot + head_offset);
-  RowSlice<VEC, CHUNKS> next;
-  if (cr.i_begin + warp < cr.i_end) next.load(source_state + (cr.i_begin + warp) * p.state_stride_p, N, lane);
-  for (int64_t i = cr.i_begin + warp; i < cr.i_end; i += kWarps) {
-    const int64_t r = i - cr.i_begin, row_offset = head_offset + i * p.state_stride_p;
-    RowSlice<VEC, CHUNKS> s = next;
-    if (i + kWarps < cr.i_end) next.load(source_state + (i + kWarps) * p.state_stride_p, N, lane);
-    float dots[kMaxSpecWindow];
+  // Every load of a thread's staging is issued before its first store, as in verify_kernel.
+  const int g = w.group;
+  for (int k = threadIdx.x; k < N; k += kThreads) {
+    Act b[kMaxSpecWindow], c[kMaxSpecWindow];
 #pragma unroll
     for (int t = 0; t < kMaxSpecWindow; ++t) {
-      dots[t] = 0.f;
       if (t >= n) continue;
-      s.decay_add(decays[t], dts[t] * xs[t * rows_per_cta + r], Bs + t * N, N, lane);
-      s.store(at<S>(p.state, baseline_slot(p, row, t) * p.state_stride_slot + row_offset), N, lane);
-      dots[t] = s.dot(Cs + t * N, N, lane);
+      b[t] = load_one(token<Act>(p.B, w.row * p.B_stride_batch + g * p.B_stride_group + k, t, p.B_stride_token));
+      c[t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
     }
-    const float y = warp_sums8(dots, lane);
-    const int64_t t = lane >> 2;
-    if ((lane & 3) == 0 && t < n) write_out<Act>(p, row, t, h, i, y, xs[t * rows_per_cta + r], D);
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t) {
+      if (t >= n) continue;
+      B_s[t * N + k] = to_float(b[t]);
+      C_s[t * N + k] = to_float(c[t]);
+    }
+  }
+  const float A = head_value(p.A, w.head, 0.f), bias = head_value(p.dt_bias, w.head, 0.f);
+  const float D = head_value(p.D, w.head, 0.f);
+  if (int(threadIdx.x) < w.rows) {
+    const int i = threadIdx.x;
+    float raw_dt[kMaxSpecWindow];
+    Act x[kMaxSpecWindow], z[kMaxSpecWindow];
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t) {
+      if (t >= n) continue;
+      raw_dt[t] = load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + t * p.dt_stride_token + w.head * p.dt_stride_head);
+      x[t] = load_one(token<Act>(p.x, w.row * p.x_stride_batch + w.head * p.x_stride_head + w.first + i, t, p.x_stride_token));
+      if (p.z) z[t] = load_one(token<Act>(p.z, w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + i, t, p.z_stride_token));
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t) {
+      if (t >= n) continue;
+      const float dt = effective_dt(raw_dt[t], bias, p.dt_softplus);
+      xdt_s[t * rows_per_cta + i] = dt * to_float(x[t]);
+      Dx_s[t * rows_per_cta + i] = D * to_float(x[t]);
+      if (p.z) z_s[t * rows_per_cta + i] = to_float(z[t]);
+      if (i == 0) decay_s[t] = expf(A * dt);
+    }
+  }
+  wait_tile_all<Ly>(barrier);
+
+  const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+  for (int batch = 0; batch < batches; ++batch) {
+    float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
+#pragma unroll
+    for (int k = 0; k < Ly::kRows; ++k) tile_row<S, Ly>(tile, chunk_row<Ly>(batch, k, group), w.rows, lane, N, s[k]);
+    float y[kMaxSpecWindow * Ly::kRows];
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t) {
+#pragma unroll
+      for (int k = 0; k < Ly::kRows; ++k) y[t * Ly::kRows + k] = 0.f;
+      if (t >= n) continue;
+      float b[Ly::kVecsPerLane][Ly::kVec], c_t[Ly::kVecsPerLane][Ly::kVec];
+      shared_slice<Ly>(B_s + t * N, lane, N, b);
+      shared_slice<Ly>(C_s + t * N, lane, N, c_t);
+#pragma unroll
+      for (int k = 0; k < Ly::kRows; ++k) {
+        const int i = chunk_row<Ly>(batch, k, group);
+        state_step<Ly>(s[k], decay_s[t], i < w.rows ? xdt_s[t * rows_per_cta + i] : 0.f, b);
+        if (i < w.rows) store_row<S, Ly>(states[t] + i * p.state_stride_p, s[k], lane, N);
+        y[t * Ly::kRows + k] = slice_dot<Ly>(s[k], c_t);
+      }
+    }
+    store_window_outputs<Ly, Act>(p, w, y, n, batch, group, lane, rows_per_cta, nullptr, Dx_s,
+                                  p.z ? z_s : nullptr);
   }
 }
 
 template <typename Kernel> void allow_smem(Kernel kernel, int64_t bytes) {
-  if (bytes > 48 * 1024)
+  if (bytes > kMaxSharedBytes)
     REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// (head, chunk) along x, batch rows along y, as in standard decode.
+inline dim3 spec_grid(const WindowParams& p, int rows_per_cta) {
+  const int64_t chunks = (p.head_dim + rows_per_cta - 1) / rows_per_cta;
+  return dim3(unsigned(p.nheads * chunks), unsigned(p.batch));
+}
+
+// Calls f with the layout as a compile-time constant.
+template <typename F> void with_layout(RowLayoutKind layout, F f) {
+  switch (layout) {
+    case RowLayoutKind::kN64: return f(std::integral_constant<RowLayoutKind, RowLayoutKind::kN64>{});
+    case RowLayoutKind::kN128: return f(std::integral_constant<RowLayoutKind, RowLayoutKind::kN128>{});
+    case RowLayoutKind::kN256: return f(std::integral_constant<RowLayoutKind, RowLayoutKind::kN256>{});
+    case RowLayoutKind::kGeneric: return f(std::integral_constant<RowLayoutKind, RowLayoutKind::kGeneric>{});
+  }
+}
+
+template <typename Kernel, typename Params>
+void launch(Kernel kernel, const Params& p, int rows_per_cta, int64_t smem, cudaStream_t stream) {
+  allow_smem(kernel, smem);
+  kernel<<<spec_grid(p, rows_per_cta), kThreads, size_t(smem), stream>>>(p, rows_per_cta);
+  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace replayssm::cuda::spec
 
 namespace replayssm::cuda {
 
-// Vectorised: 16-byte state accesses (VEC elements), columns up to 32 * VEC * CHUNKS; otherwise
-// one element per lane and chunk.
 template <typename S, typename Act>
-void launch_spec_verify(const SpecVerifyParams& p, const SpecLaunch& l, cudaStream_t stream) {
-  const dim3 grid(unsigned(l.ctas_per_row), unsigned(p.batch));
-  const int64_t smem = spec_verify_smem_bytes(p, l.rows_per_cta);
-  constexpr int kVec = int(16 / sizeof(S));
-  auto run = [&](auto kernel) {
-    spec::allow_smem(kernel, smem);
-    kernel<<<grid, kSpecThreads, size_t(smem), stream>>>(p, l.rows_per_cta);
-  };
-  if (l.vectorised)
-    run(spec::verify_kernel<S, Act, kVec, kMaxSpecStateDim / (32 * kVec)>);
-  else
-    run(spec::verify_kernel<S, Act, 1, kMaxSpecStateDim / 32>);
-  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta, cudaStream_t stream) {
+  spec::with_layout(layout, [&](auto kind) {
+    spec::launch(spec::verify_kernel<S, Act, decltype(kind)::value>, p, rows_per_cta,
+                 spec_verify_smem_bytes(p, layout, rows_per_cta), stream);
+  });
 }
 
 template <typename S, typename Act>
-void launch_spec_baseline(const SpecBaselineParams& p, const SpecLaunch& l, cudaStream_t stream) {
-  const dim3 grid(unsigned(l.ctas_per_row), unsigned(p.batch));
-  const int64_t smem = spec_baseline_smem_bytes(p, l.rows_per_cta);
-  constexpr int kVec = int(16 / sizeof(S));
-  auto run = [&](auto kernel) {
-    spec::allow_smem(kernel, smem);
-    kernel<<<grid, kSpecThreads, size_t(smem), stream>>>(p, l.rows_per_cta);
-  };
-  if (l.vectorised)
-    run(spec::baseline_kernel<S, Act, kVec, kMaxSpecStateDim / (32 * kVec)>);
-  else
-    run(spec::baseline_kernel<S, Act, 1, kMaxSpecStateDim / 32>);
-  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int rows_per_cta,
+                          cudaStream_t stream) {
+  spec::with_layout(layout, [&](auto kind) {
+    spec::launch(spec::baseline_kernel<S, Act, decltype(kind)::value>, p, rows_per_cta,
+                 spec_baseline_smem_bytes(p, layout, rows_per_cta), stream);
+  });
 }
 
 }  // namespace replayssm::cuda
 
 // Explicit instantiations of the launchers for state type S and every activation type.
-#define REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, Act)                                               \
-  template void replayssm::cuda::launch_spec_verify<S, Act>(                                      \
-      const replayssm::SpecVerifyParams&, const replayssm::cuda::SpecLaunch&, cudaStream_t);     \
-  template void replayssm::cuda::launch_spec_baseline<S, Act>(                                    \
-      const replayssm::SpecBaselineParams&, const replayssm::cuda::SpecLaunch&, cudaStream_t);
-#define REPLAYSSM_INSTANTIATE_SPEC_LAUNCHERS(S)                 \
-  REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, float)                 \
-  REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, replayssm::Half)       \
+#define REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, Act)                                                         \
+  template void replayssm::cuda::launch_spec_verify<S, Act>(                                                \
+      const replayssm::SpecVerifyParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);               \
+  template void replayssm::cuda::launch_spec_baseline<S, Act>(                                              \
+      const replayssm::SpecBaselineParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);
+#define REPLAYSSM_INSTANTIATE_SPEC_LAUNCHERS(S)           \
+  REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, float)           \
+  REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, replayssm::Half) \
   REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, replayssm::BFloat16)

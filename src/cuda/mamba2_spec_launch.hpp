@@ -1,5 +1,5 @@
 // Typed launchers of the speculative kernels, one explicit instantiation set per state dtype
-// (mamba2_spec_*.cu) so that the kernels compile in parallel.
+// (mamba2_spec_*.cu) so that the kernels compile in parallel, and their shared memory layouts.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,33 +7,77 @@
 #include <cstdint>
 
 #include "api/spec_params.hpp"
+#include "cuda/row_layout.hpp"
 
 namespace replayssm::cuda {
 
-constexpr int kSpecThreads = 128;         // four warps, each taking one state row at a time
-constexpr int64_t kMaxSpecStateDim = 256;  // columns a warp holds in registers
+// Shared memory of a speculative CTA, as in standard decode (row_layout.hpp): an mbarrier, the
+// chunk's state tile (rows_per_cta x state_dim elements of the state type), then the floats listed
+// here, at offsets counted from the end of the tile. N = state_dim, T = window, L = buffer_len.
+// Above the default 48 KiB (a whole fp32 head at L = 16 takes about 51 KiB): four CTAs an SM still
+// fit, as many as the registers allow.
+constexpr int64_t kSpecMaxSharedBytes = 72 * 1024;
 
-// How a speculative kernel is launched: one CTA per (row, head, chunk of rows_per_cta head_dim
-// rows); ctas_per_row = heads * chunks. vectorised: 16-byte state accesses.
-struct SpecLaunch {
-  int rows_per_cta = 0;
-  int64_t ctas_per_row = 0;
-  bool vectorised = false;
+struct SpecVerifySmem {
+  int64_t coef = 0;   // (kMaxSpecWindow, kMaxBufferLen): weight_{j,t}, then weight_{j,t} (B_j . C_t)
+  int64_t fold = 0;   // (kMaxBufferLen): the weights of the committed inputs a flush folds
+  int64_t decay = 0;  // (kMaxSpecWindow + 1): decay of each output, then the fold's
+  int64_t B = 0;      // (L, N): B of every token, widened
+  int64_t C = 0;      // (T, N): the window's C, widened
+  int64_t z = 0;      // (T, rows_per_cta)
+  int64_t hist = 0;   // (T, rows_per_cta): sum_j weight_{j,t} (B_j . C_t) x_j + D x_t
+  int64_t x = 0;      // (L, pitch): x of every token, this chunk's rows
+  int64_t floats = 0;
 };
-
-// Shared memory of a CTA, in bytes (the layouts are listed in the kernels).
-inline int64_t spec_verify_smem_bytes(const SpecVerifyParams& p, int rows_per_cta) {
-  const int64_t L = p.buffer_len, T = p.window, N = p.state_dim;
-  return (L * N + T * N + L * rows_per_cta + T * L + 2 * L + T + 1) * int64_t(sizeof(float));
+constexpr SpecVerifySmem spec_verify_smem(int64_t rows_per_cta, int64_t N, int64_t T, int64_t L,
+                                          int64_t lanes) {
+  SpecVerifySmem s;
+  s.fold = s.coef + kMaxSpecWindow * kMaxBufferLen;
+  s.decay = s.fold + kMaxBufferLen;
+  s.B = s.decay + kMaxSpecWindow + 4;  // 16-byte aligned rows
+  s.C = s.B + L * N;
+  s.z = s.C + T * N;
+  s.hist = s.z + T * rows_per_cta;
+  s.x = s.hist + T * rows_per_cta;
+  s.floats = s.x + L * window_pitch(rows_per_cta, lanes);
+  return s;
 }
-inline int64_t spec_baseline_smem_bytes(const SpecBaselineParams& p, int rows_per_cta) {
-  const int64_t T = p.window, N = p.state_dim;
-  return (2 * T * N + T * rows_per_cta + 2 * T) * int64_t(sizeof(float));
+
+struct SpecBaselineSmem {
+  int64_t B = 0;      // (T, N), widened
+  int64_t C = 0;      // (T, N)
+  int64_t xdt = 0;    // (T, rows_per_cta): dt_t x_t
+  int64_t Dx = 0;     // (T, rows_per_cta): D x_t
+  int64_t z = 0;      // (T, rows_per_cta)
+  int64_t decay = 0;  // (kMaxSpecWindow): exp(A dt_t)
+  int64_t floats = 0;
+};
+constexpr SpecBaselineSmem spec_baseline_smem(int64_t rows_per_cta, int64_t N, int64_t T) {
+  SpecBaselineSmem s;
+  s.C = s.B + T * N;
+  s.xdt = s.C + T * N;
+  s.Dx = s.xdt + T * rows_per_cta;
+  s.z = s.Dx + T * rows_per_cta;
+  s.decay = s.z + T * rows_per_cta;
+  s.floats = s.decay + kMaxSpecWindow;
+  return s;
+}
+
+inline int64_t spec_verify_smem_bytes(const SpecVerifyParams& p, RowLayoutKind kind, int64_t rows_per_cta) {
+  const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
+  return kTileOffset + tile_bytes(rows_per_cta, p.state_dim, dtype_size(p.state_dtype)) +
+         spec_verify_smem(rows_per_cta, p.state_dim, p.window, p.buffer_len, l.lanes).floats * 4;
+}
+inline int64_t spec_baseline_smem_bytes(const SpecBaselineParams& p, RowLayoutKind, int64_t rows_per_cta) {
+  return kTileOffset + tile_bytes(rows_per_cta, p.state_dim, dtype_size(p.state_dtype)) +
+         spec_baseline_smem(rows_per_cta, p.state_dim, p.window).floats * 4;
 }
 
 template <typename S, typename Act>
-void launch_spec_verify(const SpecVerifyParams& p, const SpecLaunch& launch, cudaStream_t stream);
+void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta,
+                        cudaStream_t stream);
 template <typename S, typename Act>
-void launch_spec_baseline(const SpecBaselineParams& p, const SpecLaunch& launch, cudaStream_t stream);
+void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int rows_per_cta,
+                          cudaStream_t stream);
 
 }  // namespace replayssm::cuda

@@ -1,0 +1,41 @@
+// The shape of a launch of the decode-style kernels (standard decode and speculative decoding):
+// the row layout of the state and the head_dim rows per CTA. Host code.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+
+#include "api/params.hpp"
+#include "cuda/row_layout.hpp"
+
+namespace replayssm::cuda {
+
+// Multiprocessors of the current device (cached per device).
+int sm_count();
+
+int64_t round_up(int64_t v, int64_t multiple);
+
+// True when `ptr` and every stride (in elements of `element_bytes`) keep `alignment`-byte accesses
+// aligned.
+bool aligned(const void* ptr, int64_t element_bytes, int64_t alignment,
+             std::initializer_list<int64_t> strides);
+
+// The layout state_dim calls for (InvalidArgument past kMaxStateDim); kGeneric unless the state
+// and B and C (batch and group strides) keep its 16-byte state accesses and its B, C slice
+// accesses (slice_access_bytes) aligned. Callers check their further tensors the same way.
+RowLayoutKind vectorised_layout(const Mamba2Params& p);
+int64_t slice_access_bytes(const Mamba2Params& p, RowLayoutKind kind);
+
+// head_dim rows per CTA: a multiple of the layout's batch of rows, at most `requested` when it
+// is > 0, whose shared memory (smem_bytes(rows)) fits smem_limit; without a request, chunks
+// shrink until the grid has target_ctas_per_sm CTAs per SM. InvalidArgument when the grid would
+// exceed CUDA's limits or the smallest chunk does not fit.
+int rows_per_cta_for(const Mamba2Params& p, RowLayoutKind kind, int64_t requested,
+                     int64_t target_ctas_per_sm, int64_t smem_limit,
+                     const std::function<int64_t(int64_t)>& smem_bytes);
+
+// CTAs of a grid of (row, head, chunk of rows_per_cta rows).
+int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta);
+
+}  // namespace replayssm::cuda
