@@ -20,11 +20,11 @@
 
 namespace replayssm::cuda::spec {
 
-// Registers for kRows state rows and their T sums: the shared memory of a whole-head fp32 tile
-// allows about five CTAs an SM anyway.
+// Registers (up to 128 a thread) for kRows state rows and their T sums: four CTAs an SM, as many
+// as the shared memory of a whole fp32 head with its window allows.
 constexpr int kMinCtasPerSm = 4;
 constexpr int kWarps = kThreads / 32;
-constexpr int kStagedTokens = 16;  // loads in flight per thread while staging a window's tokens
+constexpr int kStagedTokens = 16;  // loads in flight per thread while staging x
 
 // The window's per-position values of one (row, head): token t of a window tensor sits at
 // base + t * token_stride.
@@ -180,22 +180,22 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) verify_kernel(const S
     const int j = threadIdx.x % 32 + 32 * h;
     raw_dt[h] = j < count ? raw_dt_of(j) : 0.f;
   }
-  // Each thread issues all of its loads of a stage before its first store (the stores could alias
-  // the loads for all the compiler knows, which would serialise one memory round trip a token).
+  // B: one token per row group at a time, in the layout's slices (16-byte or 8-byte accesses on
+  // the vectorised layouts, whose alignment the host checked). Each thread issues all of its
+  // loads of a stage before its first store: the stores could alias the loads for all the
+  // compiler knows, which would serialise one memory round trip a token.
   const bool appends_B = w.chunk == 0 && w.head == g * int(p.heads_per_group);
-  for (int j0 = 0; j0 < count; j0 += kStagedTokens) {
-    for (int k = threadIdx.x; k < N; k += kThreads) {
-      Act v[kStagedTokens];
+  for (int j = group; j < count; j += Ly::kRowGroups) {
+    Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
+    load_slice_packs<Ly>(B_of(j), lane, N, b);
+    Act* appended = appends_B && j >= c ? B_ring + position(j) * p.Bc_stride_pos : nullptr;
 #pragma unroll
-      for (int u = 0; u < kStagedTokens; ++u)
-        if (j0 + u < count) v[u] = load_one(B_of(j0 + u) + k);
+    for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+      const int n = first_element<Ly>(v, lane);
+      if (Ly::kMasked && n >= N) continue;
 #pragma unroll
-      for (int u = 0; u < kStagedTokens; ++u) {
-        const int j = j0 + u;
-        if (j >= count) break;
-        B_s[j * N + k] = to_float(v[u]);
-        if (appends_B && j >= c) B_ring[position(j) * p.Bc_stride_pos + k] = v[u];
-      }
+      for (int e = 0; e < Ly::kVec; ++e) B_s[j * N + n + e] = to_float(b[v].v[e]);
+      if (appended) store_pack(appended + n, b[v]);
     }
   }
   for (int k = threadIdx.x; k < N; k += kThreads) {
