@@ -20,9 +20,10 @@
 
 namespace replayssm::cuda::spec {
 
-// Registers (up to 128 a thread) for kRows state rows and their T sums: four CTAs an SM, as many
-// as the shared memory of a whole fp32 head with its window allows.
-constexpr int kMinCtasPerSm = 4;
+// Registers for kRows state rows and their T sums, capped so that as many CTAs fit an SM as the
+// shared memory of a whole head with its window allows: four with an fp32 state, five with a
+// 16-bit one.
+template <typename S> constexpr int kMinCtasPerSm = sizeof(S) == 4 ? 4 : 5;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStagedTokens = 16;  // loads in flight per thread while staging x
 
@@ -33,15 +34,27 @@ template <typename T> __device__ __forceinline__ const T* token(const void* base
   return static_cast<const T*>(base) + offset + t * token_stride;
 }
 
-// This lane's slice of an N-vector of fp32 in shared memory (zero past N).
+// This lane's slice of an N-vector of fp32 in shared memory (zero past N); 16-byte loads on the
+// vectorised layouts (src 16-byte aligned: the shared arrays start so and N is a multiple of 4).
 template <typename Ly>
 __device__ __forceinline__ void shared_slice(const float* src, int lane, int64_t N,
                                              float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
 #pragma unroll
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
     const int n = first_element<Ly>(v, lane);
+    if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
 #pragma unroll
-    for (int e = 0; e < Ly::kVec; ++e) out[v][e] = !Ly::kMasked || n + e < N ? src[n + e] : 0.f;
+      for (int e = 0; e < Ly::kVec; e += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(src + n + e);
+        out[v][e] = q.x;
+        out[v][e + 1] = q.y;
+        out[v][e + 2] = q.z;
+        out[v][e + 3] = q.w;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; ++e) out[v][e] = !Ly::kMasked || n + e < N ? src[n + e] : 0.f;
+    }
   }
 }
 
@@ -113,7 +126,7 @@ __device__ __forceinline__ void store_window_outputs(const WindowParams& p, cons
 // The window work (hist, weights, B_j . C_t) is done once per CTA while the tile is in flight;
 // the row loop then only forms the dot products S C_t (and, on a flush row, the folded state).
 template <typename S, typename Act, RowLayoutKind kKind>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) verify_kernel(const SpecVerifyParams p,
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(const SpecVerifyParams p,
                                                                          int rows_per_cta) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -193,8 +206,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) verify_kernel(const S
     for (int v = 0; v < Ly::kVecsPerLane; ++v) {
       const int n = first_element<Ly>(v, lane);
       if (Ly::kMasked && n >= N) continue;
+      float* dst = B_s + j * N + n;
+      if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {  // 16-byte stores, as shared_slice reads
 #pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) B_s[j * N + n + e] = to_float(b[v].v[e]);
+        for (int e = 0; e < Ly::kVec; e += 4)
+          *reinterpret_cast<float4*>(dst + e) = make_float4(to_float(b[v].v[e]), to_float(b[v].v[e + 1]),
+                                                            to_float(b[v].v[e + 2]), to_float(b[v].v[e + 3]));
+      } else {
+#pragma unroll
+        for (int e = 0; e < Ly::kVec; ++e) dst[e] = to_float(b[v].v[e]);
+      }
       if (appended) store_pack(appended + n, b[v]);
     }
   }
@@ -318,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) verify_kernel(const S
 // position stored in its slot: S = exp(A dt) S + dt x B^T, y = S C. The state stays in registers
 // across the positions (each store is the rounded copy of it).
 template <typename S, typename Act, RowLayoutKind kKind>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) baseline_kernel(const SpecBaselineParams p,
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(const SpecBaselineParams p,
                                                                            int rows_per_cta) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
