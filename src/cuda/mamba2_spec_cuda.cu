@@ -28,9 +28,18 @@ RowLayoutKind spec_layout(const WindowParams& p, const SpecVerifyParams* verify)
   return ok ? kind : RowLayoutKind::kGeneric;
 }
 
+// x staged by 16-byte accesses: every row of x in the window and in the ring, and every chunk of
+// rows_per_cta rows (the chunks are whole vectors), starts 16-byte aligned.
+bool x_slices(const SpecVerifyParams& p, int rows_per_cta) {
+  const int64_t a = dtype_size(p.act_dtype), vec = 16 / a;
+  return rows_per_cta % vec == 0 && p.head_dim % vec == 0 &&
+         aligned(p.x, a, 16, {p.x_stride_batch, p.x_stride_head, p.x_stride_token}) &&
+         aligned(p.x_cache, a, 16, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos});
+}
+
 template <typename S, typename Act> struct Verify {
   static void run(const SpecVerifyParams& p, RowLayoutKind k, int rows, cudaStream_t s) {
-    launch_spec_verify<S, Act>(p, k, rows, s);
+    launch_spec_verify<S, Act>(p, k, rows, x_slices(p, rows), s);
   }
 };
 template <typename S, typename Act> struct Baseline {

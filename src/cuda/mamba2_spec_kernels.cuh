@@ -127,7 +127,8 @@ __device__ __forceinline__ void store_window_outputs(const WindowParams& p, cons
 // the row loop then only forms the dot products S C_t (and, on a flush row, the folded state).
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(const SpecVerifyParams p,
-                                                                         int rows_per_cta) {
+                                                                            int rows_per_cta,
+                                                                            bool x_slices) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
@@ -228,11 +229,26 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
     for (int t = 0; t < kMaxSpecWindow; ++t)
       if (t < n) C_s[t * N + k] = to_float(v[t]);
   }
-  // Thread (i, j0) of the chunk rows stages tokens j0, j0 + x_step, ... of row i.
+  // x of every token for the chunk's rows. With x_slices (the host checked 16-byte alignment of
+  // every x row and chunk), one 16-byte access a thread: a pass covers kThreads / vectors tokens;
+  // otherwise one element a thread, kStagedTokens tokens' loads before their stores.
+  // Thread (i, j0) also forms the history sums of row i for outputs j0, j0 + x_step, ... below.
   const int x_step = kThreads / rows_per_cta;
   const int x_row = threadIdx.x % rows_per_cta, x_first = threadIdx.x / rows_per_cta;
   const bool stages_x = x_row < w.rows && x_first < x_step;
-  if (stages_x) {
+  if (x_slices) {
+    constexpr int kXVec = 16 / int(sizeof(Act));
+    const int vectors = rows_per_cta / kXVec, tokens_per_pass = kThreads / vectors;
+    const int i = threadIdx.x % vectors * kXVec;
+    if (i < w.rows && int(threadIdx.x) < tokens_per_pass * vectors) {
+      for (int j = threadIdx.x / vectors; j < count; j += tokens_per_pass) {
+        const Pack<Act, kXVec> v = load_pack<Act, kXVec>(x_of(j) + i);
+#pragma unroll
+        for (int e = 0; e < kXVec; ++e) x_s[j * pitch + i + e] = to_float(v.v[e]);
+        if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos + i, v);
+      }
+    }
+  } else if (stages_x) {
     for (int j0 = x_first; j0 < count; j0 += kStagedTokens * x_step) {
       Act v[kStagedTokens];
 #pragma unroll
@@ -470,10 +486,11 @@ template <typename F> void with_layout(RowLayoutKind layout, F f) {
   }
 }
 
-template <typename Kernel, typename Params>
-void launch(Kernel kernel, const Params& p, int rows_per_cta, int64_t smem, cudaStream_t stream) {
+template <typename Kernel, typename Params, typename... Extra>
+void launch(Kernel kernel, const Params& p, int rows_per_cta, int64_t smem, cudaStream_t stream,
+            Extra... extra) {
   allow_smem(kernel, smem);
-  kernel<<<spec_grid(p, rows_per_cta), kThreads, size_t(smem), stream>>>(p, rows_per_cta);
+  kernel<<<spec_grid(p, rows_per_cta), kThreads, size_t(smem), stream>>>(p, rows_per_cta, extra...);
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -482,10 +499,11 @@ void launch(Kernel kernel, const Params& p, int rows_per_cta, int64_t smem, cuda
 namespace replayssm::cuda {
 
 template <typename S, typename Act>
-void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta, cudaStream_t stream) {
+void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta, bool x_slices,
+                        cudaStream_t stream) {
   spec::with_layout(layout, [&](auto kind) {
     spec::launch(spec::verify_kernel<S, Act, decltype(kind)::value>, p, rows_per_cta,
-                 spec_verify_smem_bytes(p, layout, rows_per_cta), stream);
+                 spec_verify_smem_bytes(p, layout, rows_per_cta), stream, x_slices);
   });
 }
 
@@ -503,7 +521,7 @@ void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int
 // Explicit instantiations of the launchers for state type S and every activation type.
 #define REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, Act)                                                         \
   template void replayssm::cuda::launch_spec_verify<S, Act>(                                                \
-      const replayssm::SpecVerifyParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);               \
+      const replayssm::SpecVerifyParams&, replayssm::cuda::RowLayoutKind, int, bool, cudaStream_t);         \
   template void replayssm::cuda::launch_spec_baseline<S, Act>(                                              \
       const replayssm::SpecBaselineParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);
 #define REPLAYSSM_INSTANTIATE_SPEC_LAUNCHERS(S)           \

@@ -73,8 +73,10 @@ inline int64_t spec_baseline_smem_bytes(const SpecBaselineParams& p, RowLayoutKi
          spec_baseline_smem(rows_per_cta, p.state_dim, p.window).floats * 4;
 }
 
+// x_slices: every x row of the window and of the ring, and every chunk of rows_per_cta rows, is
+// 16-byte aligned (x is staged by 16-byte accesses).
 template <typename S, typename Act>
-void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta,
+void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta, bool x_slices,
                         cudaStream_t stream);
 template <typename S, typename Act>
 void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int rows_per_cta,
