@@ -205,9 +205,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
     Act* appended = appends_B && j >= c ? B_ring + position(j) * p.Bc_stride_pos : nullptr;
 #pragma unroll
     for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-      const int n = first_element<Ly>(v, lane);
-      if (Ly::kMasked && n >= N) continue;
-      float* dst = B_s + j * N + n;
+      const int column = first_element<Ly>(v, lane);
+      if (Ly::kMasked && column >= N) continue;
+      float* dst = B_s + j * N + column;
       if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {  // 16-byte stores, as shared_slice reads
 #pragma unroll
         for (int e = 0; e < Ly::kVec; e += 4)
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
 #pragma unroll
         for (int e = 0; e < Ly::kVec; ++e) dst[e] = to_float(b[v].v[e]);
       }
-      if (appended) store_pack(appended + n, b[v]);
+      if (appended) store_pack(appended + column, b[v]);
     }
   }
   for (int k = threadIdx.x; k < N; k += kThreads) {
