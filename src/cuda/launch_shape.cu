@@ -13,6 +13,8 @@ namespace {
 constexpr int kMaxDevices = 64;
 constexpr int64_t kMaxGridRows = 65535;  // batch rows run along the grid's y axis
 
+int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
 }  // namespace
 
 int sm_count() {
@@ -26,8 +28,6 @@ int sm_count() {
   }
   return count;
 }
-
-int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
 bool aligned(const void* ptr, int64_t element_bytes, int64_t alignment,
              std::initializer_list<int64_t> strides) {

@@ -14,8 +14,6 @@ namespace replayssm::cuda {
 // Multiprocessors of the current device (cached per device).
 int sm_count();
 
-int64_t round_up(int64_t v, int64_t multiple);
-
 // True when `ptr` and every stride (in elements of `element_bytes`) keep `alignment`-byte accesses
 // aligned.
 bool aligned(const void* ptr, int64_t element_bytes, int64_t alignment,
