@@ -66,14 +66,14 @@ struct ReplayParams : Mamba2Params {
   int64_t rounding_seed_stride = 1;
   int32_t* flush_counts = nullptr;  // (slots), stochastic rounding only
   int64_t flush_counts_stride = 1;
-  // CUDA only, or nullptr: the window kernel's results, read by the decode kernel. The history
-  // sums of each (row, head) (batch, H, P), then the checkpoint decays (batch, H).
+  // CUDA only, or nullptr: the split path's checkpoint dots S0_i . C of each (row, head)
+  // (batch, H, P), written by its dot kernel and read by its window kernel.
   float* workspace = nullptr;
   WindowKernel window_kernel = WindowKernel::kAuto;  // used with a workspace
 };
 
 constexpr int64_t replay_workspace_floats(int64_t batch, int64_t nheads, int64_t head_dim) {
-  return batch * nheads * (head_dim + 1);
+  return batch * nheads * head_dim;
 }
 
 struct CursorParams {

@@ -108,6 +108,11 @@ __device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity)
   } while (!done);
 }
 
+// Ends the barrier's life, so that its word can be initialised again (for the next tile).
+__device__ __forceinline__ void barrier_inval(uint64_t* barrier) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(shared_address(barrier)) : "memory");
+}
+
 // Programmatic dependent launch (sm_90): the decode kernel of the split path is launched while
 // the window kernel still runs. Both are no-ops in a kernel launched without the attribute.
 __device__ __forceinline__ void allow_dependent_launch() {
@@ -131,18 +136,24 @@ template <typename S, RowLayoutKind kKind> struct Layout {
   static constexpr int kCoverN = kSpec.cover_n;
 };
 
-// Lane k < kRows of each row group finishes row k of the batch (the reduction left every lane of
-// the group with all kRows sums): out_i = (y_i + D x_i) * silu(z_i), rounded to Act. x and z hold
-// the chunk's rows.
-template <typename Ly, typename Act>
-__device__ __forceinline__ void store_outputs(Act* out, const float (&y)[Ly::kRows], int batch,
-                                              int group, int lane, int rows, float D,
-                                              const float* x, const float* z) {
+// After a row-group reduction every lane of the group holds all kRows sums of the batch; lane k
+// takes row k's.
+template <typename Ly> __device__ __forceinline__ float lane_row_sum(const float (&y)[Ly::kRows], int lane) {
   float mine = y[0];
 #pragma unroll
   for (int k = 1; k < Ly::kRows; ++k) {
     if (lane == k) mine = y[k];
   }
+  return mine;
+}
+
+// Lane k < kRows of each row group finishes row k of the batch: out_i = (y_i + D x_i) * silu(z_i),
+// rounded to Act. x and z hold the chunk's rows.
+template <typename Ly, typename Act>
+__device__ __forceinline__ void store_outputs(Act* out, const float (&y)[Ly::kRows], int batch,
+                                              int group, int lane, int rows, float D,
+                                              const float* x, const float* z) {
+  const float mine = lane_row_sum<Ly>(y, lane);
   const int i = batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
   if (lane < Ly::kRows && i < rows) {
     float v = mine + D * x[i];
@@ -205,6 +216,50 @@ __device__ __forceinline__ void load_slice(const T* src, int lane, int64_t N,
   Pack<T, Ly::kVec> packs[Ly::kVecsPerLane];
   load_slice_packs<Ly>(src, lane, N, packs);
   widen_slice<Ly>(packs, out);
+}
+
+// This lane's slice of an N-vector of fp32 in shared memory (zero past N); 16-byte loads on the
+// vectorised layouts (src 16-byte aligned: the shared arrays start so and N is a multiple of 4).
+template <typename Ly>
+__device__ __forceinline__ void shared_slice(const float* src, int lane, int64_t N,
+                                             float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
+#pragma unroll
+  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+    const int n = first_element<Ly>(v, lane);
+    if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; e += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(src + n + e);
+        out[v][e] = q.x;
+        out[v][e + 1] = q.y;
+        out[v][e + 2] = q.z;
+        out[v][e + 3] = q.w;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; ++e) out[v][e] = !Ly::kMasked || n + e < N ? src[n + e] : 0.f;
+    }
+  }
+}
+
+// Stores this lane's slice of an N-vector, widened to fp32, where shared_slice reads it.
+template <typename Ly, typename T>
+__device__ __forceinline__ void store_shared_slice(float* dst, const Pack<T, Ly::kVec> (&in)[Ly::kVecsPerLane],
+                                                   int lane, int64_t N) {
+#pragma unroll
+  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+    const int n = first_element<Ly>(v, lane);
+    if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; e += 4)
+        *reinterpret_cast<float4*>(dst + n + e) = make_float4(to_float(in[v].v[e]), to_float(in[v].v[e + 1]),
+                                                              to_float(in[v].v[e + 2]), to_float(in[v].v[e + 3]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; ++e)
+        if (!Ly::kMasked || n + e < N) dst[n + e] = to_float(in[v].v[e]);
+    }
+  }
 }
 
 // Index, inside its chunk, of row k of batch `batch` of this thread's row group.
@@ -350,13 +405,14 @@ struct CtaWork {
   int rows;   // head_dim rows in the chunk
 };
 
-__device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_cta) {
+__device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_cta,
+                                            int row = int(blockIdx.y)) {
   const unsigned chunks = unsigned((int(p.head_dim) + rows_per_cta - 1) / rows_per_cta);
   CtaWork w;
   w.chunk = int(blockIdx.x % chunks);
   w.head = int(blockIdx.x / chunks);
   w.group = w.head / int(p.heads_per_group);
-  w.row = int(blockIdx.y);
+  w.row = row;
   w.first = w.chunk * rows_per_cta;
   w.rows = min(rows_per_cta, int(p.head_dim) - w.first);
   return w;

@@ -17,11 +17,13 @@ namespace {
 // the most rows) unless that leaves fewer than this many CTAs per SM: at small batch, smaller
 // chunks put more loads in flight and shorten each CTA's serial work.
 constexpr int64_t kTargetCtasPerSm = 16;
-// The split path (a workspace, WindowKernel::kAuto) from this many decode CTAs per SM: its window
-// kernel costs a few microseconds of latency that only large calls hide (H200, Nemotron-H: faster
-// from batch 128, about 124 CTAs per SM, at L = 8, 16 and 32; at batch 32 faster at L = 8 and 16
-// but slower at 32; slower at batch 1 and 8).
-constexpr int64_t kWindowKernelMinCtasPerSm = 64;
+// The split path (a workspace, WindowKernel::kAuto) from this many decode CTAs per SM: its three
+// launches cost a few microseconds of latency that small calls do not hide. H200, Nemotron-H,
+// L = 16 (notes/cuda.md, v11): with an fp32 state it is faster from batch 8 (16 CTAs per SM),
+// slower at batch 1; with a 16-bit state faster from batch 128 (124), slower at batch 32 (31).
+int64_t window_kernel_min_ctas_per_sm(DType state_dtype) {
+  return dtype_size(state_dtype) == 4 ? 12 : 64;
+}
 constexpr int kCursorThreads = 256;
 
 RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
@@ -44,22 +46,24 @@ int decode_rows_per_cta(const Mamba2Params& p, const ReplayParams* replay, RowLa
 }
 
 template <typename S, typename Act> struct TypedLaunch {
-  static void run(const Mamba2Params& p, RowLayoutKind k, int rows, cudaStream_t stream) {
+  static void run(const Mamba2Params& p, RowLayoutKind k, int rows, int, cudaStream_t stream) {
     launch_state_update<S, Act>(p, k, rows, stream);
   }
-  static void run(const ReplayParams& p, RowLayoutKind k, int rows, cudaStream_t stream) {
-    launch_replay_decode<S, Act>(p, k, rows, stream);
+  static void run(const ReplayParams& p, RowLayoutKind k, int rows, int flush_rows, cudaStream_t stream) {
+    launch_replay_decode<S, Act>(p, k, rows, flush_rows, stream);
   }
 };
 
+// flush_rows_per_cta: the split path's flush kernel (replay with a workspace only).
 template <typename Params>
-void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, cudaStream_t stream) {
+void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, int flush_rows_per_cta,
+            cudaStream_t stream) {
   auto with_act = [&](auto state_tag) {
     using S = decltype(state_tag);
     switch (p.act_dtype) {
-      case DType::kFloat16: return TypedLaunch<S, Half>::run(p, kind, rows_per_cta, stream);
-      case DType::kBFloat16: return TypedLaunch<S, BFloat16>::run(p, kind, rows_per_cta, stream);
-      default: return TypedLaunch<S, float>::run(p, kind, rows_per_cta, stream);
+      case DType::kFloat16: return TypedLaunch<S, Half>::run(p, kind, rows_per_cta, flush_rows_per_cta, stream);
+      case DType::kBFloat16: return TypedLaunch<S, BFloat16>::run(p, kind, rows_per_cta, flush_rows_per_cta, stream);
+      default: return TypedLaunch<S, float>::run(p, kind, rows_per_cta, flush_rows_per_cta, stream);
     }
   };
   switch (p.state_dtype) {
@@ -87,15 +91,19 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
   if (!p.workspace || p.route == ReplayRoute::kStateAndOutput || p.stochastic_rounding ||
       kind == RowLayoutKind::kGeneric || choice == WindowKernel::kFused)
     return false;
-  if (choice == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kWindowKernelMinCtasPerSm * sm_count())
+  if (choice == WindowKernel::kAuto &&
+      ctas_for(p, rows_per_cta) < window_kernel_min_ctas_per_sm(p.state_dtype) * sm_count())
     return false;
   const int64_t a = dtype_size(p.act_dtype);
   const bool copyable =
       p.xc_stride_pos == p.head_dim && p.Bc_stride_pos == p.state_dim &&
       aligned(p.x_cache, a, 16, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos}) &&
       aligned(p.B_cache, a, 16, {p.Bc_stride_slot, p.Bc_stride_group, p.Bc_stride_pos});
+  const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
   return copyable &&
-         window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, a) > 0;
+         window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, a) > 0 &&
+         flush_smem_bytes(l.batch_rows, p.state_dim, dtype_size(p.state_dtype), p.buffer_len,
+                          l.lanes) <= kMaxSharedBytes;
 }
 
 // Stochastic rounding: each flush row counts its flush once every head of the row has drawn its
@@ -146,7 +154,7 @@ void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, v
   const RowLayoutKind kind = choose_layout(p, nullptr);
   const int rows = decode_rows_per_cta(p, nullptr, kind, config);
   if (p.batch == 0) return;
-  launch(p, kind, rows, static_cast<cudaStream_t>(stream));
+  launch(p, kind, rows, 0, static_cast<cudaStream_t>(stream));
 }
 
 void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stream) {
@@ -155,8 +163,17 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   const int rows = decode_rows_per_cta(p, &p, kind, config);
   if (p.batch == 0) return;
   ReplayParams run = p;
-  if (!uses_window_kernel(p, kind, rows, config)) run.workspace = nullptr;
-  launch(run, kind, rows, static_cast<cudaStream_t>(stream));
+  int flush_rows = 0;
+  if (uses_window_kernel(p, kind, rows, config)) {
+    const int64_t s = dtype_size(p.state_dtype);
+    const int lanes = make_row_layout(int(s), kind).lanes;
+    flush_rows = rows_per_cta_for(p, kind, rows, 0, kMaxSharedBytes, [&](int64_t r) {
+      return flush_smem_bytes(r, p.state_dim, s, p.buffer_len, lanes);
+    });
+  } else {
+    run.workspace = nullptr;
+  }
+  launch(run, kind, rows, flush_rows, static_cast<cudaStream_t>(stream));
   if (p.stochastic_rounding) {
     const unsigned blocks = unsigned((p.batch + kCursorThreads - 1) / kCursorThreads);
     count_flushes_kernel<<<blocks, kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);

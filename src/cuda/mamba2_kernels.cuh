@@ -83,18 +83,96 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
   }
 }
 
-// The split path's first kernel (a workspace was given): the window work of the non-flush rows,
-// done once per (batch row, up to heads_per_cta heads of one group) rather than in every CTA of
-// the decode kernel. Per head it writes the checkpoint decay and each head_dim row's history sum
-//   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i
-// to the workspace, and appends this step's x, B and raw dt at the cursor. Pad rows, corrupt
-// cursors and flush rows are left to the decode kernel. The cached x and B of the window arrive
-// by bulk copies issued as soon as the cursor is known (window_smem_bytes() of shared memory), so
-// that the CTA waits on one memory round trip after it.
+// The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots
+//   dot_i = scale_i (S0_i . C)
+// of `rows` head_dim rows from `first` of heads_per_cta heads of one group per CTA, every row of
+// every head (flush rows included: their output comes from the flush kernel), into the workspace
+// (batch, H, P). A CTA reads its slot, C and its tile and nothing else, so that its life is one
+// copy of its tile: this kernel is a lean read of the checkpoint.
+template <typename S, typename Act, RowLayoutKind kKind>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
+                                                                 int heads_per_cta, int rows) {
+  using Ly = Layout<S, kKind>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  allow_dependent_launch();  // the window kernel's CTAs may start with this kernel's last wave
+  uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
+  const int N = int(p.state_dim), P = int(p.head_dim);
+  const int tile_rows = heads_per_cta * rows;
+  S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
+  float* scale_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(tile_rows, N, sizeof(S)));
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
+  const int chunks = (P + rows - 1) / rows;
+  const int first_head = int(blockIdx.x) / chunks * heads_per_cta;
+  const int first = int(blockIdx.x) % chunks * rows;
+  rows = min(rows, P - first);
+  const int row = int(blockIdx.y);
+  const int64_t slot = device_slot(p, row);
+  if (slot < 0) return;
+  const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
+                   first_head * p.state_stride_head + first * p.state_stride_p;
+  if (threadIdx.x == 0) {
+    const unsigned row_bytes = unsigned(N * sizeof(S));
+    barrier_init(barrier);
+    barrier_expect_bytes(barrier, row_bytes * unsigned(heads_per_cta * rows));
+    for (int k = 0; k < heads_per_cta; ++k) {
+      S* dst = tile + k * rows * N;
+      const S* src = state + k * p.state_stride_head;
+      if (p.state_stride_p == N) {
+        bulk_copy_to_shared(dst, src, row_bytes * unsigned(rows), barrier);
+      } else {
+        for (int i = 0; i < rows; ++i) bulk_copy_to_shared(dst + i * N, src + i * p.state_stride_p, row_bytes, barrier);
+      }
+    }
+  }
+  float c[Ly::kVecsPerLane][Ly::kVec];
+  load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
+                     first_head / int(p.heads_per_group) * p.C_stride_group,
+                 lane, N, c);
+  if constexpr (CheckpointFormat<S>::kScaled) {
+    for (int t = threadIdx.x; t < heads_per_cta * rows; t += kThreads) {
+      const int k = t / rows;
+      scale_s[t] = p.state_scale[slot * p.scale_stride_slot + (first_head + k) * p.scale_stride_head +
+                                 first + t - k * rows];
+    }
+  }
+  wait_tile_all<Ly>(barrier);
+
+  const int batches = (rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+  for (int k = 0; k < heads_per_cta; ++k) {
+    float* dots = p.workspace + (int64_t(row) * p.nheads + first_head + k) * P + first;  // (rows)
+    for (int batch = 0; batch < batches; ++batch) {
+      float y[Ly::kRows];
+#pragma unroll
+      for (int r = 0; r < Ly::kRows; ++r) {
+        float s[Ly::kVecsPerLane][Ly::kVec];
+        tile_row<S, Ly>(tile + k * rows * N, chunk_row<Ly>(batch, r, group), rows, lane, N, s);
+        y[r] = slice_dot<Ly>(s, c);
+      }
+      row_group_sums<Ly::kLanes>(y);
+      const int i = batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
+      if (lane < Ly::kRows && i < rows)
+        dots[i] = CheckpointFormat<S>::kScaled ? scale_s[k * rows + i] * lane_row_sum<Ly>(y, lane)
+                                               : lane_row_sum<Ly>(y, lane);
+    }
+  }
+}
+
+// The split path's second kernel, launched as the dot kernel's programmatic dependent: the window
+// work and the outputs of the non-flush rows, once per (batch row, up to heads_per_cta heads of
+// one group) rather than in every CTA of a decode kernel. Before it waits for the dot kernel it
+// appends this step's x, B and raw dt at the cursor and forms, per head, the checkpoint decay and
+// each head_dim row's history sum
+//   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i;
+// then out_i = (decay dot_i + hist_i) silu(z_i). Pad rows and corrupt cursors are skipped, flush
+// rows are left to the flush kernel. The cached x and B of the window arrive by bulk copies issued
+// as soon as the cursor is known (window_smem_bytes() of shared memory), so that the CTA waits on
+// one memory round trip after it. Every CTA waits for the dot kernel before it exits, so that this
+// kernel's completion implies that one's.
 template <typename Act>
 __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const ReplayParams p,
                                                                        int heads_per_cta) {
   extern __shared__ __align__(128) unsigned char smem[];
+  // kWindowStaticBytes:
   __shared__ float weights[kMaxWindowHeads][kMaxBufferLen];  // then the history coefficients
   __shared__ float decay[kMaxWindowHeads];
   __shared__ float D_s[kMaxWindowHeads];
@@ -110,9 +188,9 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
   const int heads = min(heads_per_cta, (group + 1) * hpg - first_head);
   const int row = int(blockIdx.y);
   const int64_t slot = device_slot(p, row);
-  if (slot < 0) return;
+  if (slot < 0) return wait_for_prior_kernel();
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
-  if (cursor < 0 || cursor >= L - 1) return;
+  if (cursor < 0 || cursor >= L - 1) return wait_for_prior_kernel();
   const int count = cursor + 1;
 
   // The cached history: x of each head (heads, L, P) and B (L, N), positions [0, cursor).
@@ -162,14 +240,19 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
 #pragma unroll
   for (int v = 0; v < kPerLane; ++v)
     if (warp == cursor % kWarps && lane + 32 * v < N) B_mine[v] = load_one(B_now + lane + 32 * v);
-  // This thread's first (head, row) pair's x.
-  const Act* x_now = static_cast<const Act*>(p.x) + row * p.x_stride_batch;
-  auto x_now_of = [&](int pair) {
-    const int k = pair / P;
-    return load_one(x_now + (first_head + k) * p.x_stride_head + (pair - k * P));
-  };
+  // Thread t's (head, row) pairs are t + u kWindowThreads (the host keeps the pairs within
+  // them): their x and z of this step.
   const int pairs = heads * P;
-  const Act first_now = int(threadIdx.x) < pairs ? x_now_of(threadIdx.x) : Act{};
+  const Act* x = static_cast<const Act*>(p.x) + row * p.x_stride_batch;
+  const Act* z = p.z ? static_cast<const Act*>(p.z) + row * p.z_stride_batch : nullptr;
+  Act x_now[kWindowPairsPerThread];
+  float gate[kWindowPairsPerThread];  // z, then silu(z)
+#pragma unroll
+  for (int u = 0; u < kWindowPairsPerThread; ++u) {
+    const int pair = threadIdx.x + u * kWindowThreads, k = pair / P, i = pair - k * P;
+    x_now[u] = pair < pairs ? load_one(x + (first_head + k) * p.x_stride_head + i) : Act{};
+    gate[u] = z && pair < pairs ? to_float(load_one(z + (first_head + k) * p.z_stride_head + i)) : 1.f;
+  }
   // Thread 0 waits for the copies while the others wait at the CTA barrier (after the barrier's
   // initialisation, which they must not race).
   if (threadIdx.x == 0 && cursor > 0) barrier_wait(barrier, 0);
@@ -205,36 +288,48 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
     weights[e / count][e % count] *= bc[e % count];
   __syncthreads();
 
-  // The history sums, one (head, row) pair per thread at a time.
-  float* hist = p.workspace + (int64_t(row) * p.nheads + first_head) * P;  // (heads, P)
-  for (int pair = threadIdx.x; pair < pairs; pair += kWindowThreads) {
-    const int k = pair / P, i = pair - k * P;
-    const Act now = pair == int(threadIdx.x) ? first_now : x_now_of(pair);
+  // The history sums and gates.
+  float hist[kWindowPairsPerThread];
+#pragma unroll
+  for (int u = 0; u < kWindowPairsPerThread; ++u) {
+    const int pair = threadIdx.x + u * kWindowThreads, k = pair / P, i = pair - k * P;
+    if (pair >= pairs) break;
+    const Act now = x_now[u];
     float acc = 0.f;
     for (int j = 0; j < cursor; ++j) acc = fmaf(weights[k][j], to_float(x_s[(k * L + j) * P + i]), acc);
     acc = fmaf(weights[k][cursor], to_float(now), acc);
-    hist[pair] = fmaf(D_s[k], to_float(now), acc);
+    hist[u] = fmaf(D_s[k], to_float(now), acc);
+    if (z) gate[u] = silu(gate[u]);
     x_hist[k * p.xc_stride_head + cursor * p.xc_stride_pos + i] = now;
   }
-  if (int(threadIdx.x) < heads)
-    p.workspace[p.batch * p.nheads * P + int64_t(row) * p.nheads + first_head + threadIdx.x] =
-        decay[threadIdx.x];
+
+  // The outputs, from the dot kernel's checkpoint dots.
+  wait_for_prior_kernel();
+  const float* dots = p.workspace + (int64_t(row) * p.nheads + first_head) * P;  // (heads, P)
+  Act* out = static_cast<Act*>(p.out) + row * p.out_stride_batch;
+#pragma unroll
+  for (int u = 0; u < kWindowPairsPerThread; ++u) {
+    const int pair = threadIdx.x + u * kWindowThreads, k = pair / P, i = pair - k * P;
+    if (pair >= pairs) break;
+    out[(first_head + k) * p.out_stride_head + i] = from_float<Act>(fmaf(decay[k], dots[pair], hist[u]) * gate[u]);
+  }
 }
 
-// ReplaySSM standard decode. The window is the cached history (positions 0 .. cursor-1) plus this
-// step's token at position `cursor`. Flush rows (cursor == L-1) and the state-and-output route
-// form S = decay S0 + sum_j weight_j x_j B_j^T row by row (flush rows store it); the output-only
-// route computes y = decay (S0 C) + sum_j weight_j (B_j . C) x_j without forming S. Non-flush rows
-// append x, B (first head of the group) and the raw dt at position `cursor`. kStochastic (the
-// call's stochastic_rounding) is a separate instantiation: the Philox rounds, compiled into the
-// flush rows, cost registers that make the row loop spill under the register cap. kSplit: the
-// split path (p.workspace set, output-only route), launched after replay_window_kernel.
-template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kSplit>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
-                                                                 int rows_per_cta,
-                                                                 bool output_only) {
+// ReplaySSM standard decode of one CTA's (row, head, chunk). The window is the cached history
+// (positions 0 .. cursor-1) plus this step's token at position `cursor`. Flush rows
+// (cursor == L-1) and the state-and-output route form S = decay S0 + sum_j weight_j x_j B_j^T row
+// by row (flush rows store it); the output-only route computes
+// y = decay (S0 C) + sum_j weight_j (B_j . C) x_j without forming S. Non-flush rows append x, B
+// (first head of the group) and the raw dt at position `cursor`. kStochastic (the call's
+// stochastic_rounding) is a separate instantiation: the Philox rounds, compiled into the flush
+// rows, cost registers that make the row loop spill under the register cap. kFlushOnly: the split
+// path's flush kernel, whose checkpoint stores wait for the kernels before it.
+template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kFlushOnly,
+          typename CursorOf>
+__device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork& w, int64_t slot,
+                                            const CursorOf& cursor_of, int rows_per_cta,
+                                            bool output_only, unsigned char* smem) {
   using Ly = Layout<S, kKind>;
-  extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int64_t N = p.state_dim;
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (rows, N)
@@ -244,22 +339,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   float* scale_s = z_s + rows_per_cta;      // (rows): an 8-bit checkpoint's row scales
   float* x_s = scale_s + rows_per_cta;      // (count, pitch)
   const int pitch = int(window_pitch(rows_per_cta, Ly::kLanes));
+  float* B_s = x_s + (p.buffer_len * pitch + 3) / 4 * 4;  // (count, N), kFlushOnly; 16-byte aligned
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
-  const CtaWork w = cta_work(p, rows_per_cta);
-  const int64_t slot = device_slot(p, w.row);
-  // On the split path every exit waits for the window kernel, so that this kernel's completion
-  // implies that one's.
-  auto finish = [] {
-    if constexpr (kSplit) wait_for_prior_kernel();
-  };
-  if (slot < 0) return finish();
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot +
              w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
   const int64_t g = w.group;
   const int L = int(p.buffer_len);
-  const int cursor = load_one(p.cursors + slot * p.cursors_stride);
+  const int cursor = cursor_of();
   // Loads that do not depend on the cursor, in flight together with it.
   const float A = head_value(p.A, w.head, 0.f);
   const float bias = head_value(p.dt_bias, w.head, 0.f);
@@ -294,42 +382,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
   }
   if (cursor < 0 || cursor >= L) {  // a corrupt cursor: skip the row, touch nothing
     wait_tile<Ly>(barrier);         // (after the copy into this CTA's shared memory has landed)
-    return finish();
+    return;
   }
 
   const int count = cursor + 1;
   const bool flush = cursor == L - 1;
-  if (kSplit && !flush) {
-    // Split path: the window kernel has appended the token and left the decay and each row's
-    // history sum (D x included) in the workspace; y = decay (S0 C) + hist.
-    wait_for_prior_kernel();
-    const int64_t head_index = int64_t(w.row) * p.nheads + w.head;
-    const float decay = p.workspace[p.batch * p.nheads * p.head_dim + head_index];
-    float* hist_s = x_s;  // (rows)
-    if (int(threadIdx.x) < w.rows) {
-      hist_s[threadIdx.x] = p.workspace[head_index * p.head_dim + w.first + threadIdx.x];
-      if (gated) z_s[threadIdx.x] = z_mine;
-      if (CheckpointFormat<S>::kScaled) scale_s[threadIdx.x] = scale_mine;
-    }
-    wait_tile_all<Ly>(barrier);
-    Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch +
-               w.head * p.out_stride_head + w.first;  // (rows)
-    const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
-    for (int batch = 0; batch < batches; ++batch) {
-      float y[Ly::kRows];
-#pragma unroll
-      for (int k = 0; k < Ly::kRows; ++k) {
-        const int i = chunk_row<Ly>(batch, k, group);
-        float s[Ly::kVecsPerLane][Ly::kVec];
-        tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
-        y[k] = decay * (CheckpointFormat<S>::kScaled && i < w.rows ? scale_s[i] : 1.f) *
-               slice_dot<Ly>(s, c);
-      }
-      row_group_sums<Ly::kLanes>(y);
-      store_outputs<Ly>(out, y, batch, group, lane, w.rows, 1.f, hist_s, gated ? z_s : nullptr);
-    }
-    return;
-  }
   const bool form_state = flush || !output_only;
   Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
                 w.head * p.xc_stride_head + w.first;  // (L, rows), position stride xc_stride_pos
@@ -363,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     }
   }
   Pack<Act, Ly::kVec> b_early[kEarlyRounds][Ly::kVecsPerLane];
-  if (!form_state) {
+  if (!form_state || kFlushOnly) {
 #pragma unroll
     for (int r = 0; r < kEarlyRounds; ++r) {
       const int j = r * Ly::kRowGroups + group;
@@ -381,6 +438,19 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     window_weights(raw_dt, 0, cursor, A, bias, p.dt_softplus, window + kWeightsOffset,
                    window + kDecayOffset);
     if (threadIdx.x == 0 && !flush && w.chunk == 0) dt_hist[cursor] = raw_dt_now;
+  }
+  // kFlushOnly: the window's B, widened into shared memory, one token per row group and round.
+  if constexpr (kFlushOnly) {
+#pragma unroll
+    for (int r = 0; r < kEarlyRounds; ++r) {
+      const int j = r * Ly::kRowGroups + group;
+      if (j < count) store_shared_slice<Ly>(B_s + j * N, b_early[r], lane, N);
+    }
+    for (int j = kEarlyRounds * Ly::kRowGroups + group; j < count; j += Ly::kRowGroups) {
+      Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
+      load_slice_packs<Ly>(B_of(j), lane, N, b);
+      store_shared_slice<Ly>(B_s + j * N, b, lane, N);
+    }
   }
   // B_j . C for every token of the window, one token per row group and round.
   if (!form_state) {
@@ -429,6 +499,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     }
   }
   wait_tile_all<Ly>(barrier);
+  if constexpr (kFlushOnly) wait_for_prior_kernel();  // the dot kernel has read this checkpoint
 
   const float decay = window[kDecayOffset];
   // Output-only: the history coefficient weight_j (B_j . C) of each token, in place of B_j . C.
@@ -460,9 +531,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
 #pragma unroll
           for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay * row_scale(i);
         }
-        add_tokens<Ly, Act>(s, 0, count, lane, N, B_of, [&](int j) {
-          return i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f;
-        });
+        auto weight_of = [&](int j) { return i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f; };
+        if constexpr (kFlushOnly) {
+          for (int j = 0; j < count; ++j) {
+            float b[Ly::kVecsPerLane][Ly::kVec];
+            shared_slice<Ly>(B_s + j * N, lane, N, b);
+            state_step<Ly>(s, 1.f, weight_of(j), b);
+          }
+        } else {
+          add_tokens<Ly, Act>(s, 0, count, lane, N, B_of, weight_of);
+        }
         if (flush)
           store_checkpoint_row<S, Ly>(state + i * p.state_stride_p, scale ? scale + i : nullptr,
                                       i < w.rows, s, lane, N, kStochastic, random,
@@ -479,7 +557,79 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
     store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s + cursor * pitch,
                       gated ? z_s : nullptr);
   }
-  finish();
+}
+
+// Runs work(row, slot) for this CTA's share of the batch's flush rows (cursor L - 1): those whose
+// rank among them, in batch order, is blockIdx.y modulo gridDim.y. Every thread takes part.
+template <typename Work>
+__device__ __forceinline__ void for_each_flush_row(const ReplayParams& p, const Work& work) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ int flushes[kWarps], taken[kWarps];  // per warp of the block: flush rows, this CTA's
+  __shared__ int taken_rows[kThreads];            // this CTA's flush rows of the block, in order
+  __shared__ int64_t taken_slots[kThreads];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned below = (1u << lane) - 1u;  // the lanes before this one
+  int ranked = 0;                            // flush rows before the block
+  for (int base = 0; base < p.batch; base += kThreads) {
+    const int row = base + int(threadIdx.x);
+    const int64_t slot = row < p.batch ? device_slot(p, row) : -1;
+    const bool flush = slot >= 0 && load_one(p.cursors + slot * p.cursors_stride) == p.buffer_len - 1;
+    const unsigned flush_lanes = __ballot_sync(kFullMask, flush);
+    if (lane == 0) flushes[warp] = __popc(flush_lanes);
+    __syncthreads();
+    int rank = ranked + __popc(flush_lanes & below);
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) {
+      if (k < warp) rank += flushes[k];
+      ranked += flushes[k];
+    }
+    const bool mine = flush && rank % int(gridDim.y) == int(blockIdx.y);
+    const unsigned mine_lanes = __ballot_sync(kFullMask, mine);
+    if (lane == 0) taken[warp] = __popc(mine_lanes);
+    __syncthreads();
+    int position = __popc(mine_lanes & below), count = 0;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) {
+      if (k < warp) position += taken[k];
+      count += taken[k];
+    }
+    if (mine) {
+      taken_rows[position] = row;
+      taken_slots[position] = slot;
+    }
+    __syncthreads();
+    for (int m = 0; m < count; ++m) work(taken_rows[m], taken_slots[m]);
+    __syncthreads();  // before the next block's counts overwrite these
+  }
+}
+
+// ReplaySSM standard decode: one (row, head, chunk) per CTA (replay_rows). kFlushOnly: the split
+// path's third kernel, launched as the window kernel's programmatic dependent: a grid of
+// (head, chunk) x (some CTAs per row of heads) that takes the flush rows only, by rank; its
+// checkpoint copies and window loads start before the kernels before it finish, its checkpoint
+// stores after (every CTA waits for them, so that this kernel's completion implies theirs).
+template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kFlushOnly>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
+                                                                 int rows_per_cta,
+                                                                 bool output_only) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  if constexpr (kFlushOnly) {
+    for_each_flush_row(p, [&](int row, int64_t slot) {
+      replay_rows<S, Act, kKind, kStochastic, true>(
+          p, cta_work(p, rows_per_cta, row), slot, [&] { return int(p.buffer_len) - 1; },
+          rows_per_cta, output_only, smem);
+      __syncthreads();  // every thread is done with the tile: the barrier can be set up again
+      if (threadIdx.x == 0) barrier_inval(reinterpret_cast<uint64_t*>(smem));
+    });
+    wait_for_prior_kernel();
+  } else {
+    const CtaWork w = cta_work(p, rows_per_cta);
+    const int64_t slot = device_slot(p, w.row);
+    if (slot < 0) return;
+    replay_rows<S, Act, kKind, kStochastic, false>(
+        p, w, slot, [&] { return load_one(p.cursors + slot * p.cursors_stride); }, rows_per_cta,
+        output_only, smem);
+  }
 }
 
 }  // namespace replayssm::cuda

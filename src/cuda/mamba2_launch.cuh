@@ -1,6 +1,7 @@
 // Definitions of the typed launchers; included by the per-state-dtype instantiation files only.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/check.hpp"
@@ -37,62 +38,102 @@ void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_p
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
 
+// The shape of the split path's dot kernel: whole heads, as many of one group as keep the tile
+// within kDotTileBytes, or chunks of a head (multiples of the layout's batch of rows) where one
+// head is larger.
+constexpr int64_t kDotTileBytes = 32 * 1024;
+struct DotShape {
+  int heads, rows;
+};
+inline DotShape dot_shape(const ReplayParams& p, int64_t state_bytes, const RowLayout& layout) {
+  const int64_t row_bytes = p.state_dim * state_bytes;
+  if (p.head_dim * row_bytes > kDotTileBytes) {
+    const int64_t rows = kDotTileBytes / row_bytes / layout.batch_rows * layout.batch_rows;
+    return {1, int(rows > layout.batch_rows ? rows : layout.batch_rows)};
+  }
+  int64_t heads = 1;
+  while (p.heads_per_group % (2 * heads) == 0 && 2 * heads * p.head_dim * row_bytes <= kDotTileBytes)
+    heads *= 2;
+  return {int(heads), int(p.head_dim)};
+}
+
 template <typename S, typename Act>
 void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
-                          cudaStream_t stream) {
+                          int flush_rows_per_cta, cudaStream_t stream) {
   const bool output_only = p.route != ReplayRoute::kStateAndOutput;
-  // The split path (p.workspace set): the window kernel first, then the decode kernel launched
-  // as its programmatic dependent, so that its checkpoint copies start while the window work runs.
-  if (p.workspace) {
-    const int heads = window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act));
-    const dim3 window_grid(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)),
-                           unsigned(p.batch));
-    const size_t window_smem =
-        size_t(window_smem_bytes(heads, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act)));
-    replay_window_kernel<Act><<<window_grid, kWindowThreads, window_smem, stream>>>(p, heads);
-    REPLAYSSM_CUDA_CHECK(cudaGetLastError());
-  }
-  cudaLaunchAttribute after_window;
-  after_window.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  after_window.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = decode_grid(p, rows_per_cta);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S),
-                                                     p.buffer_len, make_row_layout(sizeof(S), layout).lanes));
-  config.stream = stream;
-  config.attrs = p.workspace ? &after_window : nullptr;
-  config.numAttrs = p.workspace ? 1 : 0;
-  auto run = [&](auto stochastic, auto split) {
-    constexpr bool kStochastic = decltype(stochastic)::value, kSplit = decltype(split)::value;
-    auto launch = [&](auto kernel) {
-      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, rows_per_cta, output_only));
-    };
+  const RowLayout shape = make_row_layout(sizeof(S), layout);
+  auto by_layout = [&](auto launch_for) {
     switch (layout) {
-      case RowLayoutKind::kN64:
-        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN64, kStochastic, kSplit>);
-      case RowLayoutKind::kN128:
-        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN128, kStochastic, kSplit>);
-      case RowLayoutKind::kN256:
-        return launch(replay_decode_kernel<S, Act, RowLayoutKind::kN256, kStochastic, kSplit>);
-      case RowLayoutKind::kGeneric:
-        // The split path covers the vectorised layouts only (mamba2_cuda.cu).
-        if constexpr (!kSplit)
-          return launch(replay_decode_kernel<S, Act, RowLayoutKind::kGeneric, kStochastic, false>);
-        break;
+      case RowLayoutKind::kN64: return launch_for(std::integral_constant<RowLayoutKind, RowLayoutKind::kN64>{});
+      case RowLayoutKind::kN128: return launch_for(std::integral_constant<RowLayoutKind, RowLayoutKind::kN128>{});
+      case RowLayoutKind::kN256: return launch_for(std::integral_constant<RowLayoutKind, RowLayoutKind::kN256>{});
+      case RowLayoutKind::kGeneric: return launch_for(std::integral_constant<RowLayoutKind, RowLayoutKind::kGeneric>{});
     }
   };
-  // An fp32 checkpoint is never rounded (validation refuses stochastic rounding for it), and the
-  // split path rounds to nearest only (mamba2_cuda.cu).
-  if (p.workspace) {
-    run(std::false_type{}, std::true_type{});
-  } else if constexpr (std::is_same_v<S, float>) {
-    run(std::false_type{}, std::false_type{});
-  } else {
-    if (p.stochastic_rounding) run(std::true_type{}, std::false_type{});
-    else run(std::false_type{}, std::false_type{});
+  cudaLaunchAttribute after_previous;
+  after_previous.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  after_previous.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  const size_t decode_smem =
+      size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len, shape.lanes));
+
+  if (!p.workspace) {  // one kernel does everything
+    config.gridDim = decode_grid(p, rows_per_cta);
+    config.dynamicSmemBytes = decode_smem;
+    auto run = [&](auto stochastic) {
+      by_layout([&](auto kind) {
+        REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(
+            &config, replay_decode_kernel<S, Act, decltype(kind)::value, decltype(stochastic)::value, false>,
+            p, rows_per_cta, output_only));
+      });
+    };
+    // An fp32 checkpoint is never rounded (validation refuses stochastic rounding for it).
+    if constexpr (std::is_same_v<S, float>) {
+      run(std::false_type{});
+    } else {
+      if (p.stochastic_rounding) run(std::true_type{});
+      else run(std::false_type{});
+    }
+    return;
   }
-  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
+
+  // The split path (vectorised layouts, rounding to nearest: mamba2_cuda.cu): the checkpoint
+  // dots; then, each as the programmatic dependent of the one before, so that its loads start
+  // while that one finishes, the window kernel (non-flush rows' window work and outputs) and the
+  // flush kernel. Flush rows are few (one in L when rows are desynchronised): the flush grid has
+  // ceil(batch / L) CTAs per (head, chunk), each looping over its share.
+  const DotShape dot = dot_shape(p, sizeof(S), shape);
+  config.gridDim = dim3(unsigned(p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows)),
+                        unsigned(p.batch));
+  config.dynamicSmemBytes = size_t(dot_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S)));
+  by_layout([&](auto kind) {
+    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, checkpoint_dot_kernel<S, Act, decltype(kind)::value>,
+                                              p, dot.heads, dot.rows));
+  });
+
+  const int heads = window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act));
+  config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
+  config.blockDim = dim3(kWindowThreads);
+  config.dynamicSmemBytes =
+      size_t(window_smem_bytes(heads, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act)));
+  config.attrs = &after_previous;
+  config.numAttrs = 1;
+  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, replay_window_kernel<Act>, p, heads));
+
+  const int64_t flush_ctas_per_head = std::min(p.batch, (p.batch + p.buffer_len - 1) / p.buffer_len);
+  config.gridDim = dim3(decode_grid(p, flush_rows_per_cta).x, unsigned(flush_ctas_per_head));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes =
+      size_t(flush_smem_bytes(flush_rows_per_cta, p.state_dim, sizeof(S), p.buffer_len, shape.lanes));
+  by_layout([&](auto kind) {
+    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(
+          &config, replay_decode_kernel<S, Act, decltype(kind)::value, false, true>, p,
+          flush_rows_per_cta, output_only));
+  });
 }
 
 }  // namespace replayssm::cuda
@@ -101,11 +142,11 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
 // checkpoint formats have no baseline).
 #define REPLAYSSM_INSTANTIATE_REPLAY_LAUNCHERS(S)                                                \
   template void replayssm::cuda::launch_replay_decode<S, float>(                                 \
-      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, int, cudaStream_t);   \
   template void replayssm::cuda::launch_replay_decode<S, replayssm::Half>(                       \
-      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, int, cudaStream_t);   \
   template void replayssm::cuda::launch_replay_decode<S, replayssm::BFloat16>(                   \
-      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t)
+      const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, int, cudaStream_t)
 
 // Instantiates both launchers for state type S and every activation type.
 #define REPLAYSSM_INSTANTIATE_LAUNCHERS(S)                                                       \

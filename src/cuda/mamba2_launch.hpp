@@ -13,8 +13,9 @@ namespace replayssm::cuda {
 template <typename S, typename Act>
 void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_per_cta,
                          cudaStream_t stream);
+// flush_rows_per_cta: the split path's flush kernel (p.workspace set).
 template <typename S, typename Act>
 void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
-                          cudaStream_t stream);
+                          int flush_rows_per_cta, cudaStream_t stream);
 
 }  // namespace replayssm::cuda

@@ -34,30 +34,6 @@ template <typename T> __device__ __forceinline__ const T* token(const void* base
   return static_cast<const T*>(base) + offset + t * token_stride;
 }
 
-// This lane's slice of an N-vector of fp32 in shared memory (zero past N); 16-byte loads on the
-// vectorised layouts (src 16-byte aligned: the shared arrays start so and N is a multiple of 4).
-template <typename Ly>
-__device__ __forceinline__ void shared_slice(const float* src, int lane, int64_t N,
-                                             float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = first_element<Ly>(v, lane);
-    if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; e += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(src + n + e);
-        out[v][e] = q.x;
-        out[v][e + 1] = q.y;
-        out[v][e + 2] = q.z;
-        out[v][e + 3] = q.w;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < Ly::kVec; ++e) out[v][e] = !Ly::kMasked || n + e < N ? src[n + e] : 0.f;
-    }
-  }
-}
-
 // The sums over a row group of kLanes lanes of kValues values a lane, by a transposing butterfly:
 // at each level a lane keeps half of its values and trades the other half, so that one shuffle
 // per traded value replaces one per value and level. Afterwards a lane holds held_sums() sums in
@@ -203,21 +179,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
     Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
     load_slice_packs<Ly>(B_of(j), lane, N, b);
     Act* appended = appends_B && j >= c ? B_ring + position(j) * p.Bc_stride_pos : nullptr;
+    store_shared_slice<Ly>(B_s + j * N, b, lane, N);
+    if (appended) {
 #pragma unroll
-    for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-      const int column = first_element<Ly>(v, lane);
-      if (Ly::kMasked && column >= N) continue;
-      float* dst = B_s + j * N + column;
-      if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {  // 16-byte stores, as shared_slice reads
-#pragma unroll
-        for (int e = 0; e < Ly::kVec; e += 4)
-          *reinterpret_cast<float4*>(dst + e) = make_float4(to_float(b[v].v[e]), to_float(b[v].v[e + 1]),
-                                                            to_float(b[v].v[e + 2]), to_float(b[v].v[e + 3]));
-      } else {
-#pragma unroll
-        for (int e = 0; e < Ly::kVec; ++e) dst[e] = to_float(b[v].v[e]);
+      for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+        const int column = first_element<Ly>(v, lane);
+        if (!Ly::kMasked || column < N) store_pack(appended + column, b[v]);
       }
-      if (appended) store_pack(appended + column, b[v]);
     }
   }
   for (int k = threadIdx.x; k < N; k += kThreads) {

@@ -42,22 +42,43 @@ constexpr int64_t replay_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int
          (kWindowZOffset + 2 * rows_per_cta + buffer_len * window_pitch(rows_per_cta, lanes)) * 4;
 }
 
+// The split path's dot kernel: a tile of `rows` head_dim rows of each of `heads` heads, then
+// their row scales (8-bit checkpoints).
+constexpr int64_t dot_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim, int64_t state_bytes) {
+  return kTileOffset + tile_bytes(heads * rows, state_dim, state_bytes) + heads * rows * 4;
+}
+
+// The split path's flush kernel: the replay's, then the window's B widened (L x N floats).
+constexpr int64_t flush_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
+                                   int64_t buffer_len, int64_t lanes) {
+  return replay_smem_bytes(rows_per_cta, state_dim, state_bytes, buffer_len, lanes) + 12 +
+         buffer_len * state_dim * 4;
+}
+
 // The window kernel of the split path: one CTA per (batch row, up to window_heads() heads of one
-// group), one warp per head; shared memory: an mbarrier, then the cached x of its heads
-// (heads, L, P) and B (L, N) as stored.
-constexpr int kWindowThreads = 256;
+// group), one warp per head, each thread up to kWindowPairsPerThread (head, row) pairs; shared
+// memory: an mbarrier, then the cached x of its heads (heads, L, P) and B (L, N) as stored, next to
+// kWindowStaticBytes of per-head weights.
+constexpr int kWindowThreads = 512;
 constexpr int kMaxWindowHeads = kWindowThreads / 32;
+constexpr int kWindowPairsPerThread = 2;
+constexpr int64_t kWindowStaticBytes = (kMaxWindowHeads * (kMaxBufferLen + 2) + kMaxBufferLen) * 4;
 constexpr int64_t window_smem_bytes(int64_t heads, int64_t buffer_len, int64_t head_dim,
                                     int64_t state_dim, int64_t act_bytes) {
   return kTileOffset + (heads * head_dim + state_dim) * buffer_len * act_bytes;
 }
-// Heads per window CTA: as many of the group's as fit its warps and kMaxSharedBytes (0: none fit).
+// Heads per window CTA: the group's heads in as few CTAs as their warps, pairs and
+// kMaxSharedBytes allow, spread evenly (0: not even one head fits).
 constexpr int window_heads(int64_t heads_per_group, int64_t buffer_len, int64_t head_dim,
                            int64_t state_dim, int64_t act_bytes) {
-  int64_t heads = heads_per_group < kMaxWindowHeads ? heads_per_group : kMaxWindowHeads;
-  while (heads > 0 && window_smem_bytes(heads, buffer_len, head_dim, state_dim, act_bytes) > kMaxSharedBytes)
-    --heads;
-  return int(heads);
+  int64_t most = heads_per_group < kMaxWindowHeads ? heads_per_group : kMaxWindowHeads;
+  while (most > 0 && (most * head_dim > kWindowPairsPerThread * kWindowThreads ||
+                      window_smem_bytes(most, buffer_len, head_dim, state_dim, act_bytes) +
+                              kWindowStaticBytes > kMaxSharedBytes))
+    --most;
+  if (most == 0) return 0;
+  const int64_t ctas = (heads_per_group + most - 1) / most;
+  return int((heads_per_group + ctas - 1) / ctas);
 }
 
 // The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any
