@@ -262,6 +262,43 @@ __device__ __forceinline__ void store_shared_slice(float* dst, const Pack<T, Ly:
   }
 }
 
+// An N-vector of fp32 in shared memory in lane order (vectorised layouts): the lanes of a row
+// group read 16 consecutive bytes each, so that a 16-bit state's 8-element slices (32 bytes a
+// lane) read without bank conflicts. Piece q (4 floats) of lane l sits at (q kLanes + l) 4;
+// with 4-element slices this is the natural order.
+template <typename Ly>
+__device__ __forceinline__ void lane_order_slice(const float* src, int lane,
+                                                 float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
+  static_assert(!Ly::kMasked && Ly::kVec % 4 == 0, "16-byte pieces");
+#pragma unroll
+  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+    for (int e = 0; e < Ly::kVec; e += 4) {
+      const int piece = (v * Ly::kVec + e) / 4;
+      const float4 q = *reinterpret_cast<const float4*>(src + (piece * Ly::kLanes + lane) * 4);
+      out[v][e] = q.x;
+      out[v][e + 1] = q.y;
+      out[v][e + 2] = q.z;
+      out[v][e + 3] = q.w;
+    }
+  }
+}
+
+template <typename Ly, typename T>
+__device__ __forceinline__ void store_lane_order_slice(float* dst, const Pack<T, Ly::kVec> (&in)[Ly::kVecsPerLane],
+                                                       int lane) {
+  static_assert(!Ly::kMasked && Ly::kVec % 4 == 0, "16-byte pieces");
+#pragma unroll
+  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+    for (int e = 0; e < Ly::kVec; e += 4) {
+      const int piece = (v * Ly::kVec + e) / 4;
+      *reinterpret_cast<float4*>(dst + (piece * Ly::kLanes + lane) * 4) = make_float4(
+          to_float(in[v].v[e]), to_float(in[v].v[e + 1]), to_float(in[v].v[e + 2]), to_float(in[v].v[e + 3]));
+    }
+  }
+}
+
 // Index, inside its chunk, of row k of batch `batch` of this thread's row group.
 template <typename Ly> __device__ __forceinline__ int chunk_row(int batch, int k, int group) {
   return batch * Ly::kBatchRows + k * Ly::kRowGroups + group;

@@ -18,12 +18,10 @@ namespace {
 // chunks put more loads in flight and shorten each CTA's serial work.
 constexpr int64_t kTargetCtasPerSm = 16;
 // The split path (a workspace, WindowKernel::kAuto) from this many decode CTAs per SM: its three
-// launches cost a few microseconds of latency that small calls do not hide. H200, Nemotron-H,
-// L = 16 (notes/cuda.md, v11): with an fp32 state it is faster from batch 8 (16 CTAs per SM),
-// slower at batch 1; with a 16-bit state faster from batch 128 (124), slower at batch 32 (31).
-int64_t window_kernel_min_ctas_per_sm(DType state_dtype) {
-  return dtype_size(state_dtype) == 4 ? 12 : 64;
-}
+// launches cost a few microseconds of latency that the smallest calls do not hide (H200,
+// Nemotron-H, L = 16, notes/cuda.md v11: faster from batch 8, about 16 CTAs per SM, with an fp32
+// and a bf16 state; slower at batch 1).
+constexpr int64_t kWindowKernelMinCtasPerSm = 12;
 constexpr int kCursorThreads = 256;
 
 RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
@@ -91,8 +89,7 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
   if (!p.workspace || p.route == ReplayRoute::kStateAndOutput || p.stochastic_rounding ||
       kind == RowLayoutKind::kGeneric || choice == WindowKernel::kFused)
     return false;
-  if (choice == WindowKernel::kAuto &&
-      ctas_for(p, rows_per_cta) < window_kernel_min_ctas_per_sm(p.state_dtype) * sm_count())
+  if (choice == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kWindowKernelMinCtasPerSm * sm_count())
     return false;
   const int64_t a = dtype_size(p.act_dtype);
   const bool copyable =

@@ -210,16 +210,20 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
       bulk_copy_to_shared(x_s + k * L * P, x_hist + k * p.xc_stride_head, x_bytes, barrier);
     bulk_copy_to_shared(B_s, B_hist, B_bytes, barrier);
   }
-  // This step's token and the per-head values, in flight with the copies.
+  // This step's token and the per-head values, in flight with the copies. Warp w forms B_j . C
+  // of tokens j = w, w + kWarps, ... (the warps below `count` need C); the warp of the cursor's
+  // token holds this step's B.
+  const Act* C_now = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
   const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
   constexpr int kPerLane = kMaxStateDim / 32;
+  const bool forms_bc = warp < count, holds_now = warp == cursor % kWarps;
   float c[kPerLane];
+  Act B_mine[kPerLane];
 #pragma unroll
   for (int v = 0; v < kPerLane; ++v) {
     const int n = lane + 32 * v;
-    c[v] = n < N ? to_float(load_one(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
-                                     group * p.C_stride_group + n))
-                 : 0.f;
+    c[v] = forms_bc && n < N ? to_float(load_one(C_now + n)) : 0.f;
+    if (holds_now && n < N) B_mine[v] = load_one(B_now + n);
   }
   float* dt_hist = nullptr;
   float raw_dt[2] = {0.f, 0.f}, raw_now = 0.f, A = 0.f, bias = 0.f, D = 0.f;
@@ -236,10 +240,6 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
     bias = head_value(p.dt_bias, h, 0.f);
     D = head_value(p.D, h, 0.f);
   }
-  Act B_mine[kPerLane];  // B_j of this warp's first token, when it is this step's
-#pragma unroll
-  for (int v = 0; v < kPerLane; ++v)
-    if (warp == cursor % kWarps && lane + 32 * v < N) B_mine[v] = load_one(B_now + lane + 32 * v);
   // Thread t's (head, row) pairs are t + u kWindowThreads (the host keeps the pairs within
   // them): their x and z of this step.
   const int pairs = heads * P;
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
     row_group_sums<32>(sum);
     if (lane == 0) bc[j] = sum[0];
   }
-  if (first_head == group * hpg && warp == cursor % kWarps) {  // the group's first head appends B
+  if (first_head == group * hpg && holds_now) {  // the group's first head appends B
 #pragma unroll
     for (int v = 0; v < kPerLane; ++v)
       if (lane + 32 * v < N) B_hist[cursor * p.Bc_stride_pos + lane + 32 * v] = B_mine[v];
@@ -439,17 +439,18 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
                    window + kDecayOffset);
     if (threadIdx.x == 0 && !flush && w.chunk == 0) dt_hist[cursor] = raw_dt_now;
   }
-  // kFlushOnly: the window's B, widened into shared memory, one token per row group and round.
+  // kFlushOnly: the window's B, widened into shared memory in lane order, one token per row group
+  // and round.
   if constexpr (kFlushOnly) {
 #pragma unroll
     for (int r = 0; r < kEarlyRounds; ++r) {
       const int j = r * Ly::kRowGroups + group;
-      if (j < count) store_shared_slice<Ly>(B_s + j * N, b_early[r], lane, N);
+      if (j < count) store_lane_order_slice<Ly>(B_s + j * N, b_early[r], lane);
     }
     for (int j = kEarlyRounds * Ly::kRowGroups + group; j < count; j += Ly::kRowGroups) {
       Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
       load_slice_packs<Ly>(B_of(j), lane, N, b);
-      store_shared_slice<Ly>(B_s + j * N, b, lane, N);
+      store_lane_order_slice<Ly>(B_s + j * N, b, lane);
     }
   }
   // B_j . C for every token of the window, one token per row group and round.
@@ -535,7 +536,7 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
         if constexpr (kFlushOnly) {
           for (int j = 0; j < count; ++j) {
             float b[Ly::kVecsPerLane][Ly::kVec];
-            shared_slice<Ly>(B_s + j * N, lane, N, b);
+            lane_order_slice<Ly>(B_s + j * N, lane, b);
             state_step<Ly>(s, 1.f, weight_of(j), b);
           }
         } else {
