@@ -22,11 +22,12 @@ enum class Backend : int32_t {
 
 const char* backend_name(Backend backend);
 
-// Where a CUDA replay_decode given a workspace does the window work of its non-flush rows.
+// Which path a CUDA replay_decode given a workspace takes.
 enum class WindowKernel : int32_t {
-  kAuto,      // by the size of the call: a kernel of its own at large batch, where it is faster
-  kFused,     // in the decode kernel, as without a workspace
-  kSeparate,  // in a kernel of its own, before the decode kernel
+  kAuto,      // by the size of the call: the split path from a few CTAs per SM, where it is faster
+  kFused,     // one kernel does everything, as without a workspace
+  kSeparate,  // the split path: a lean read of the checkpoint, the window work and outputs once
+              // per group of heads, the flush rows (three kernels)
 };
 
 struct ExecOptions {
@@ -34,10 +35,11 @@ struct ExecOptions {
   void* cuda_stream = nullptr;  // cudaStream_t the CUDA backend launches on (nullptr: default stream)
   // Caller-owned scratch of replay_decode on the CUDA backend (other calls and backends ignore
   // it): a contiguous 1-D device tensor of any dtype holding at least
-  // replay_decode_workspace_bytes(batch, nheads, head_dim) bytes, 16-byte aligned. With it the
-  // window work of non-flush rows can run as a kernel of its own, once per group of heads, ahead
-  // of a lean read of the checkpoint (see window_kernel). Its contents are scratch between calls:
-  // layers can share one workspace on one stream.
+  // replay_decode_workspace_bytes(batch, nheads, head_dim) bytes, 16-byte aligned. With it
+  // replay_decode can take the split path (see window_kernel), which passes each row's
+  // checkpoint dot S0 . C from a lean read of the checkpoint to the kernel that does the window
+  // work once per group of heads. Its contents are scratch between calls: layers can share one
+  // workspace on one stream.
   TensorView workspace{};
   WindowKernel window_kernel = WindowKernel::kAuto;
 };

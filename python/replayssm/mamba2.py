@@ -108,10 +108,10 @@ def replay_decode(cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softpl
         workspace: optional scratch for the CUDA backend (others ignore it): a contiguous 1-D
             device array of at least ``replay_decode_workspace_bytes(batch, H, P)`` bytes,
             16-byte aligned; layers on one stream can share it. **Mutated** (scratch). With it
-            the window work of non-flush rows can run in a kernel of its own (faster at large
-            batch).
-        window_kernel: with a workspace, "auto" (by the size of the call), "separate" or
-            "fused" (the window work inside the decode kernel, as without a workspace).
+            the call can take the split path: a lean read of the checkpoint, then the window
+            work once per group of heads, then the flush rows (faster from batch 8 on an H200).
+        window_kernel: with a workspace, "auto" (by the size of the call), "separate" (the
+            split path) or "fused" (one kernel, as without a workspace).
 
     Returns:
         out.

@@ -168,7 +168,7 @@ def test_replay_decode_buffer_lengths_without_optional_arguments(L):
 def test_replay_decode_on_the_cpu_ignores_a_workspace():
     H, P = 4, 8
     workspace = np.empty(replayssm.replay_decode_workspace_bytes(4, H, P), np.uint8)
-    assert workspace.size == 4 * 4 * H * (P + 1)
+    assert workspace.size == 4 * 4 * H * P
     run_replay_rollout((H, P, 16, 2), "float32", "float32", "auto", L=4, workspace=workspace,
                        window_kernel="separate")
 
