@@ -100,7 +100,7 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
   return copyable &&
          window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, a) > 0 &&
          flush_smem_bytes(l.batch_rows, p.state_dim, dtype_size(p.state_dtype), p.buffer_len,
-                          l.lanes) <= kMaxSharedBytes;
+                          l.lanes) + kFlushScanBytes <= kMaxSharedBytes;
 }
 
 // Stochastic rounding: each flush row counts its flush once every head of the row has drawn its
@@ -164,7 +164,7 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   if (uses_window_kernel(p, kind, rows, config)) {
     const int64_t s = dtype_size(p.state_dtype);
     const int lanes = make_row_layout(int(s), kind).lanes;
-    flush_rows = rows_per_cta_for(p, kind, rows, 0, kMaxSharedBytes, [&](int64_t r) {
+    flush_rows = rows_per_cta_for(p, kind, rows, 0, kMaxSharedBytes - kFlushScanBytes, [&](int64_t r) {
       return flush_smem_bytes(r, p.state_dim, s, p.buffer_len, lanes);
     });
   } else {

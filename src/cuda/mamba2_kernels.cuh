@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
 // The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots
 //   dot_i = scale_i (S0_i . C)
 // of `rows` head_dim rows from `first` of heads_per_cta heads of one group per CTA, every row of
-// every head (flush rows included: their output comes from the flush kernel), into the workspace
-// (batch, H, P). A CTA reads its slot, C and its tile and nothing else, so that its life is one
+// every head, into the workspace (batch, H, P) (flush rows' dots go unused: the flush kernel
+// forms their outputs from the state it forms). A CTA reads its slot, C and its tile and nothing else, so that its life is one
 // copy of its tile: this kernel is a lean read of the checkpoint.
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
@@ -172,11 +172,12 @@ template <typename Act>
 __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const ReplayParams p,
                                                                        int heads_per_cta) {
   extern __shared__ __align__(128) unsigned char smem[];
-  // kWindowStaticBytes:
   __shared__ float weights[kMaxWindowHeads][kMaxBufferLen];  // then the history coefficients
   __shared__ float decay[kMaxWindowHeads];
   __shared__ float D_s[kMaxWindowHeads];
   __shared__ float bc[kMaxBufferLen];  // B_j . C
+  static_assert(sizeof(weights) + sizeof(decay) + sizeof(D_s) + sizeof(bc) == kWindowStaticBytes,
+                "the host counts this shared memory");
   allow_dependent_launch();  // the decode kernel may start its checkpoint copies now
   constexpr int kWarps = kWindowThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -568,6 +569,8 @@ __device__ __forceinline__ void for_each_flush_row(const ReplayParams& p, const 
   __shared__ int flushes[kWarps], taken[kWarps];  // per warp of the block: flush rows, this CTA's
   __shared__ int taken_rows[kThreads];            // this CTA's flush rows of the block, in order
   __shared__ int64_t taken_slots[kThreads];
+  static_assert(sizeof(flushes) + sizeof(taken) + sizeof(taken_rows) + sizeof(taken_slots) == kFlushScanBytes,
+                "the host counts this shared memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const unsigned below = (1u << lane) - 1u;  // the lanes before this one
   int ranked = 0;                            // flush rows before the block

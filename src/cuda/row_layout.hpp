@@ -48,7 +48,10 @@ constexpr int64_t dot_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim,
   return kTileOffset + tile_bytes(heads * rows, state_dim, state_bytes) + heads * rows * 4;
 }
 
-// The split path's flush kernel: the replay's, then the window's B widened (L x N floats).
+// The split path's flush kernel: the replay's, then the window's B widened (L x N floats, 16-byte
+// aligned); besides, kFlushScanBytes of static shared memory for its scan of the batch's rows
+// (each block's taken rows and slots, two counts per warp).
+constexpr int64_t kFlushScanBytes = kThreads * (4 + 8) + 2 * (kThreads / 32) * 4;
 constexpr int64_t flush_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
                                    int64_t buffer_len, int64_t lanes) {
   return replay_smem_bytes(rows_per_cta, state_dim, state_bytes, buffer_len, lanes) + 12 +
