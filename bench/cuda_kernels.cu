@@ -1,6 +1,6 @@
 // Tuning driver for the CUDA decode kernels: times the baseline and ReplaySSM at forced launch
-// configurations (rows of head_dim per CTA, route; the replay with its window work in the decode
-// kernel and as a kernel of its own, with a workspace), with the method of `replayssm bench`: whole
+// configurations (rows of head_dim per CTA, route; the replay as the single kernel, "fused", and
+// as the split path with a workspace, "split"), with the method of `replayssm bench`: whole
 // windows of L steps captured in CUDA graphs, layer copies rotated past twice the L2, rows
 // desynchronised, medians, copy bandwidth measured in the same run.
 //

@@ -113,8 +113,8 @@ __device__ __forceinline__ void barrier_inval(uint64_t* barrier) {
   asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(shared_address(barrier)) : "memory");
 }
 
-// Programmatic dependent launch (sm_90): the decode kernel of the split path is launched while
-// the window kernel still runs. Both are no-ops in a kernel launched without the attribute.
+// Programmatic dependent launch (sm_90): each kernel of the split path after the first is launched
+// while the one before still runs. Both are no-ops in a kernel launched without the attribute.
 __device__ __forceinline__ void allow_dependent_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }

@@ -78,9 +78,10 @@ void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, int flush_row
 }
 
 // The split path needs the caller's workspace and the output-only route (the state-and-output
-// route forms every row's state in the decode kernel anyway); it is compiled for the vectorised
-// layouts and for rounding to nearest, and its window kernel bulk-copies whole positions of the
-// x and B caches (16-byte aligned, contiguous along the position axis).
+// route forms every row's state anyway); it is compiled for the vectorised layouts and for
+// rounding to nearest, its window kernel bulk-copies whole positions of the x and B caches
+// (16-byte aligned, contiguous along the position axis), and its flush kernel's window must fit
+// shared memory.
 bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_cta,
                         const LaunchConfig& config) {
   const WindowKernel choice = config.window_kernel < 0 ? p.window_kernel

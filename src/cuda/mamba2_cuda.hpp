@@ -24,8 +24,8 @@ void replay_reset(const CursorParams& p, void* stream);
 // How a decode kernel is launched. One CTA handles one (row, head, chunk of head_dim rows).
 struct LaunchConfig {
   int rows_per_cta = 0;  // head_dim rows per CTA; 0 picks it from the batch and the device
-  // A replay with a workspace and the output-only route: 1 runs the window work of non-flush rows
-  // as a kernel of its own (the split path), 0 inside the decode kernel, -1 as the call's
+  // A replay with a workspace and the output-only route: 1 takes the split path (checkpoint dots,
+  // window kernel, flush kernel), 0 the single kernel, -1 as the call's
   // ExecOptions::window_kernel says.
   int window_kernel = -1;
 };

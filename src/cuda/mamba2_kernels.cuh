@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
   __shared__ float bc[kMaxBufferLen];  // B_j . C
   static_assert(sizeof(weights) + sizeof(decay) + sizeof(D_s) + sizeof(bc) == kWindowStaticBytes,
                 "the host counts this shared memory");
-  allow_dependent_launch();  // the decode kernel may start its checkpoint copies now
+  allow_dependent_launch();  // the flush kernel may start its loads now
   constexpr int kWarps = kWindowThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim);
