@@ -218,6 +218,19 @@ __device__ __forceinline__ void load_slice(const T* src, int lane, int64_t N,
   widen_slice<Ly>(packs, out);
 }
 
+// One 16-byte piece of fp32 in shared memory (16-byte aligned): four values out, or four values
+// of type T widened in.
+__device__ __forceinline__ void load_piece(const float* src, float* out) {
+  const float4 q = *reinterpret_cast<const float4*>(src);
+  out[0] = q.x;
+  out[1] = q.y;
+  out[2] = q.z;
+  out[3] = q.w;
+}
+template <typename T> __device__ __forceinline__ void store_piece(float* dst, const T* in) {
+  *reinterpret_cast<float4*>(dst) = make_float4(to_float(in[0]), to_float(in[1]), to_float(in[2]), to_float(in[3]));
+}
+
 // This lane's slice of an N-vector of fp32 in shared memory (zero past N); 16-byte loads on the
 // vectorised layouts (src 16-byte aligned: the shared arrays start so and N is a multiple of 4).
 template <typename Ly>
@@ -229,11 +242,7 @@ __device__ __forceinline__ void shared_slice(const float* src, int lane, int64_t
     if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
 #pragma unroll
       for (int e = 0; e < Ly::kVec; e += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(src + n + e);
-        out[v][e] = q.x;
-        out[v][e + 1] = q.y;
-        out[v][e + 2] = q.z;
-        out[v][e + 3] = q.w;
+        load_piece(src + n + e, out[v] + e);
       }
     } else {
 #pragma unroll
@@ -251,9 +260,7 @@ __device__ __forceinline__ void store_shared_slice(float* dst, const Pack<T, Ly:
     const int n = first_element<Ly>(v, lane);
     if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
 #pragma unroll
-      for (int e = 0; e < Ly::kVec; e += 4)
-        *reinterpret_cast<float4*>(dst + n + e) = make_float4(to_float(in[v].v[e]), to_float(in[v].v[e + 1]),
-                                                              to_float(in[v].v[e + 2]), to_float(in[v].v[e + 3]));
+      for (int e = 0; e < Ly::kVec; e += 4) store_piece(dst + n + e, in[v].v + e);
     } else {
 #pragma unroll
       for (int e = 0; e < Ly::kVec; ++e)
@@ -275,11 +282,7 @@ __device__ __forceinline__ void lane_order_slice(const float* src, int lane,
 #pragma unroll
     for (int e = 0; e < Ly::kVec; e += 4) {
       const int piece = (v * Ly::kVec + e) / 4;
-      const float4 q = *reinterpret_cast<const float4*>(src + (piece * Ly::kLanes + lane) * 4);
-      out[v][e] = q.x;
-      out[v][e + 1] = q.y;
-      out[v][e + 2] = q.z;
-      out[v][e + 3] = q.w;
+      load_piece(src + (piece * Ly::kLanes + lane) * 4, out[v] + e);
     }
   }
 }
@@ -293,8 +296,7 @@ __device__ __forceinline__ void store_lane_order_slice(float* dst, const Pack<T,
 #pragma unroll
     for (int e = 0; e < Ly::kVec; e += 4) {
       const int piece = (v * Ly::kVec + e) / 4;
-      *reinterpret_cast<float4*>(dst + (piece * Ly::kLanes + lane) * 4) = make_float4(
-          to_float(in[v].v[e]), to_float(in[v].v[e + 1]), to_float(in[v].v[e + 2]), to_float(in[v].v[e + 3]));
+      store_piece(dst + (piece * Ly::kLanes + lane) * 4, in[v].v + e);
     }
   }
 }
