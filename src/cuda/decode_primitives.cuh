@@ -231,72 +231,61 @@ template <typename T> __device__ __forceinline__ void store_piece(float* dst, co
   *reinterpret_cast<float4*>(dst) = make_float4(to_float(in[0]), to_float(in[1]), to_float(in[2]), to_float(in[3]));
 }
 
-// This lane's slice of an N-vector of fp32 in shared memory (zero past N); 16-byte loads on the
-// vectorised layouts (src 16-byte aligned: the shared arrays start so and N is a multiple of 4).
+// N-vectors of fp32 staged in shared memory (B and C of the window's tokens). On the vectorised
+// layouts they are kept in lane order: piece q (4 floats) of lane l's slice sits at
+// (q kLanes + l) 4, so that the lanes of a row group read 16 consecutive bytes each and a 16-bit
+// state's 8-element slices (32 bytes a lane) read without bank conflicts (with 4-element slices
+// this is the natural order). The generic layout keeps the natural order.
+template <typename Ly> constexpr bool kLaneOrder = !Ly::kMasked && Ly::kVec % 4 == 0;
+
+// Where element n of a staged N-vector sits.
+template <typename Ly> __device__ __forceinline__ int shared_position(int n) {
+  if constexpr (kLaneOrder<Ly>) {
+    const int lane = n / Ly::kVec % Ly::kLanes, v = n / (Ly::kVec * Ly::kLanes), e = n % Ly::kVec;
+    return ((v * Ly::kVec + e) / 4 * Ly::kLanes + lane) * 4 + e % 4;
+  } else {
+    return n;
+  }
+}
+
+// This lane's slice of a staged N-vector (zero past N); 16-byte loads on the vectorised layouts
+// (src 16-byte aligned: the shared arrays start so and N is a multiple of 4).
 template <typename Ly>
 __device__ __forceinline__ void shared_slice(const float* src, int lane, int64_t N,
                                              float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
 #pragma unroll
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = first_element<Ly>(v, lane);
-    if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
+    if constexpr (kLaneOrder<Ly>) {
 #pragma unroll
       for (int e = 0; e < Ly::kVec; e += 4) {
-        load_piece(src + n + e, out[v] + e);
+        const int piece = (v * Ly::kVec + e) / 4;
+        load_piece(src + (piece * Ly::kLanes + lane) * 4, out[v] + e);
       }
     } else {
+      const int n = first_element<Ly>(v, lane);
 #pragma unroll
       for (int e = 0; e < Ly::kVec; ++e) out[v][e] = !Ly::kMasked || n + e < N ? src[n + e] : 0.f;
     }
   }
 }
 
-// Stores this lane's slice of an N-vector, widened to fp32, where shared_slice reads it.
+// Stages this lane's slice of an N-vector, widened to fp32, where shared_slice reads it.
 template <typename Ly, typename T>
 __device__ __forceinline__ void store_shared_slice(float* dst, const Pack<T, Ly::kVec> (&in)[Ly::kVecsPerLane],
                                                    int lane, int64_t N) {
 #pragma unroll
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-    const int n = first_element<Ly>(v, lane);
-    if constexpr (!Ly::kMasked && Ly::kVec % 4 == 0) {
+    if constexpr (kLaneOrder<Ly>) {
 #pragma unroll
-      for (int e = 0; e < Ly::kVec; e += 4) store_piece(dst + n + e, in[v].v + e);
+      for (int e = 0; e < Ly::kVec; e += 4) {
+        const int piece = (v * Ly::kVec + e) / 4;
+        store_piece(dst + (piece * Ly::kLanes + lane) * 4, in[v].v + e);
+      }
     } else {
+      const int n = first_element<Ly>(v, lane);
 #pragma unroll
       for (int e = 0; e < Ly::kVec; ++e)
         if (!Ly::kMasked || n + e < N) dst[n + e] = to_float(in[v].v[e]);
-    }
-  }
-}
-
-// An N-vector of fp32 in shared memory in lane order (vectorised layouts): the lanes of a row
-// group read 16 consecutive bytes each, so that a 16-bit state's 8-element slices (32 bytes a
-// lane) read without bank conflicts. Piece q (4 floats) of lane l sits at (q kLanes + l) 4;
-// with 4-element slices this is the natural order.
-template <typename Ly>
-__device__ __forceinline__ void lane_order_slice(const float* src, int lane,
-                                                 float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-  static_assert(!Ly::kMasked && Ly::kVec % 4 == 0, "16-byte pieces");
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-    for (int e = 0; e < Ly::kVec; e += 4) {
-      const int piece = (v * Ly::kVec + e) / 4;
-      load_piece(src + (piece * Ly::kLanes + lane) * 4, out[v] + e);
-    }
-  }
-}
-
-template <typename Ly, typename T>
-__device__ __forceinline__ void store_lane_order_slice(float* dst, const Pack<T, Ly::kVec> (&in)[Ly::kVecsPerLane],
-                                                       int lane) {
-  static_assert(!Ly::kMasked && Ly::kVec % 4 == 0, "16-byte pieces");
-#pragma unroll
-  for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-    for (int e = 0; e < Ly::kVec; e += 4) {
-      const int piece = (v * Ly::kVec + e) / 4;
-      store_piece(dst + (piece * Ly::kLanes + lane) * 4, in[v].v + e);
     }
   }
 }

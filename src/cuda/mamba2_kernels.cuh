@@ -446,12 +446,12 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
 #pragma unroll
     for (int r = 0; r < kEarlyRounds; ++r) {
       const int j = r * Ly::kRowGroups + group;
-      if (j < count) store_lane_order_slice<Ly>(B_s + j * N, b_early[r], lane);
+      if (j < count) store_shared_slice<Ly>(B_s + j * N, b_early[r], lane, N);
     }
     for (int j = kEarlyRounds * Ly::kRowGroups + group; j < count; j += Ly::kRowGroups) {
       Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
       load_slice_packs<Ly>(B_of(j), lane, N, b);
-      store_lane_order_slice<Ly>(B_s + j * N, b, lane);
+      store_shared_slice<Ly>(B_s + j * N, b, lane, N);
     }
   }
   // B_j . C for every token of the window, one token per row group and round.
@@ -520,38 +520,55 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + w.head * p.out_stride_head +
              w.first;  // (rows)
   const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+  auto weight_of = [&](int j, int i) { return i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f; };
+  auto scale_row = [&](float (&s)[Ly::kVecsPerLane][Ly::kVec], int i) {
+#pragma unroll
+    for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+      for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay * row_scale(i);
+    }
+  };
+  auto store_flushed_row = [&](const float (&s)[Ly::kVecsPerLane][Ly::kVec], int i) {
+    store_checkpoint_row<S, Ly>(state + i * p.state_stride_p, scale ? scale + i : nullptr, i < w.rows, s,
+                                lane, N, kStochastic, random, uint32_t((w.head * p.head_dim + w.first + i) * N));
+  };
   for (int batch = 0; batch < batches; ++batch) {
     float y[Ly::kRows];
+    if constexpr (kFlushOnly) {  // the batch's rows together: each token's B slice is read once
+      float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
 #pragma unroll
-    for (int k = 0; k < Ly::kRows; ++k) {
-      const int i = chunk_row<Ly>(batch, k, group);
-      float s[Ly::kVecsPerLane][Ly::kVec];
-      tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
-      if (form_state) {  // one row at a time: its state stays in registers across the tokens
+      for (int k = 0; k < Ly::kRows; ++k) {
+        const int i = chunk_row<Ly>(batch, k, group);
+        tile_row<S, Ly>(tile, i, w.rows, lane, N, s[k]);
+        scale_row(s[k], i);
+      }
+      for (int j = 0; j < count; ++j) {
+        float b[Ly::kVecsPerLane][Ly::kVec];
+        shared_slice<Ly>(B_s + j * N, lane, N, b);
 #pragma unroll
-        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+        for (int k = 0; k < Ly::kRows; ++k) state_step<Ly>(s[k], 1.f, weight_of(j, chunk_row<Ly>(batch, k, group)), b);
+      }
 #pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) s[v][e] *= decay * row_scale(i);
-        }
-        auto weight_of = [&](int j) { return i < w.rows ? window[kWeightsOffset + j] * x_s[j * pitch + i] : 0.f; };
-        if constexpr (kFlushOnly) {
-          for (int j = 0; j < count; ++j) {
-            float b[Ly::kVecsPerLane][Ly::kVec];
-            lane_order_slice<Ly>(B_s + j * N, lane, b);
-            state_step<Ly>(s, 1.f, weight_of(j), b);
+      for (int k = 0; k < Ly::kRows; ++k) {
+        store_flushed_row(s[k], chunk_row<Ly>(batch, k, group));
+        y[k] = slice_dot<Ly>(s[k], c);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < Ly::kRows; ++k) {
+        const int i = chunk_row<Ly>(batch, k, group);
+        float s[Ly::kVecsPerLane][Ly::kVec];
+        tile_row<S, Ly>(tile, i, w.rows, lane, N, s);
+        if (form_state) {  // one row at a time: its state stays in registers across the tokens
+          scale_row(s, i);
+          add_tokens<Ly, Act>(s, 0, count, lane, N, B_of, [&](int j) { return weight_of(j, i); });
+          if (flush) store_flushed_row(s, i);
+          y[k] = slice_dot<Ly>(s, c);
+        } else {  // output-only: lane l adds the history terms of tokens l, l + kLanes, ...
+          y[k] = decay * row_scale(i) * slice_dot<Ly>(s, c);
+          if (i < w.rows) {
+            for (int j = lane; j < count; j += Ly::kLanes) y[k] = fmaf(coef[j], x_s[j * pitch + i], y[k]);
           }
-        } else {
-          add_tokens<Ly, Act>(s, 0, count, lane, N, B_of, weight_of);
-        }
-        if (flush)
-          store_checkpoint_row<S, Ly>(state + i * p.state_stride_p, scale ? scale + i : nullptr,
-                                      i < w.rows, s, lane, N, kStochastic, random,
-                                      uint32_t((w.head * p.head_dim + w.first + i) * N));
-        y[k] = slice_dot<Ly>(s, c);
-      } else {  // output-only: lane l adds the history terms of tokens l, l + kLanes, ...
-        y[k] = decay * row_scale(i) * slice_dot<Ly>(s, c);
-        if (i < w.rows) {
-          for (int j = lane; j < count; j += Ly::kLanes) y[k] = fmaf(coef[j], x_s[j * pitch + i], y[k]);
         }
       }
     }

@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
       if (t < n) v[t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
 #pragma unroll
     for (int t = 0; t < kMaxSpecWindow; ++t)
-      if (t < n) C_s[t * N + k] = to_float(v[t]);
+      if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
   }
   // x of every token for the chunk's rows. With x_slices (the host checked 16-byte alignment of
   // every x row and chunk), one 16-byte access a thread: a pass covers kThreads / vectors tokens;
@@ -377,8 +377,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
 #pragma unroll
     for (int t = 0; t < kMaxSpecWindow; ++t) {
       if (t >= n) continue;
-      B_s[t * N + k] = to_float(b[t]);
-      C_s[t * N + k] = to_float(c[t]);
+      B_s[t * N + shared_position<Ly>(k)] = to_float(b[t]);
+      C_s[t * N + shared_position<Ly>(k)] = to_float(c[t]);
     }
   }
   const float A = head_value(p.A, w.head, 0.f), bias = head_value(p.dt_bias, w.head, 0.f);
