@@ -60,6 +60,13 @@ RowLayoutKind vectorised_layout(const Mamba2Params& p) {
   return ok ? kind : RowLayoutKind::kGeneric;
 }
 
+int window_rows_per_thread(const ReplayParams& p) {
+  const int heads = window_heads(p.heads_per_group, p.head_dim, kWindowRowsMany);
+  if (p.head_dim % kWindowRowsMany != 0 || heads == 0) return kWindowRowsFew;
+  const int64_t ctas = p.batch * p.ngroups * ((p.heads_per_group + heads - 1) / heads);
+  return ctas >= kWindowRowsManyCtasPerSm * sm_count() ? kWindowRowsMany : kWindowRowsFew;
+}
+
 int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta) {
   return p.batch * p.nheads * ((p.head_dim + rows_per_cta - 1) / rows_per_cta);
 }

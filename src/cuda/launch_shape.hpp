@@ -33,6 +33,11 @@ int rows_per_cta_for(const Mamba2Params& p, RowLayoutKind kind, int64_t requeste
                      int64_t target_ctas_per_sm, int64_t smem_limit,
                      const std::function<int64_t(int64_t)>& smem_bytes);
 
+// head_dim rows a thread of the split path's window kernel takes (row_layout.hpp): kWindowRowsMany
+// where head_dim allows it and the grid has kWindowRowsManyCtasPerSm window CTAs per SM, else
+// kWindowRowsFew.
+int window_rows_per_thread(const ReplayParams& p);
+
 // CTAs of a grid of (row, head, chunk of rows_per_cta rows).
 int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta);
 

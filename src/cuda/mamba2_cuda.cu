@@ -79,9 +79,8 @@ void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, int flush_row
 
 // The split path needs the caller's workspace and the output-only route (the state-and-output
 // route forms every row's state anyway); it is compiled for the vectorised layouts and for
-// rounding to nearest, its window kernel bulk-copies whole positions of the x and B caches
-// (16-byte aligned, contiguous along the position axis), and its flush kernel's window must fit
-// shared memory.
+// rounding to nearest, its window kernel moves x, z, the cached x and the outputs in packs of
+// window_rows_per_thread() head_dim rows, and its flush kernel's window must fit shared memory.
 bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_cta,
                         const LaunchConfig& config) {
   const WindowKernel choice = config.window_kernel < 0 ? p.window_kernel
@@ -92,14 +91,15 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
     return false;
   if (choice == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kWindowKernelMinCtasPerSm * sm_count())
     return false;
-  const int64_t a = dtype_size(p.act_dtype);
-  const bool copyable =
-      p.xc_stride_pos == p.head_dim && p.Bc_stride_pos == p.state_dim &&
-      aligned(p.x_cache, a, 16, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos}) &&
-      aligned(p.B_cache, a, 16, {p.Bc_stride_slot, p.Bc_stride_group, p.Bc_stride_pos});
+  const int rows = window_rows_per_thread(p);
+  const int64_t a = dtype_size(p.act_dtype), pack = rows * a;
+  const bool packed = p.head_dim % rows == 0 &&
+                      aligned(p.x, a, pack, {p.x_stride_batch, p.x_stride_head}) &&
+                      (!p.z || aligned(p.z, a, pack, {p.z_stride_batch, p.z_stride_head})) &&
+                      aligned(p.out, a, pack, {p.out_stride_batch, p.out_stride_head}) &&
+                      aligned(p.x_cache, a, pack, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos});
   const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
-  return copyable &&
-         window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, a) > 0 &&
+  return packed && window_heads(p.heads_per_group, p.head_dim, rows) > 0 &&
          flush_smem_bytes(l.batch_rows, p.state_dim, dtype_size(p.state_dtype), p.buffer_len,
                           l.lanes) + kFlushScanBytes <= kMaxSharedBytes;
 }

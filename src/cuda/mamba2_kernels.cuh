@@ -159,28 +159,22 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 
 // The split path's second kernel, launched as the dot kernel's programmatic dependent: the window
 // work and the outputs of the non-flush rows, once per (batch row, up to heads_per_cta heads of
-// one group) rather than in every CTA of a decode kernel. Before it waits for the dot kernel it
-// appends this step's x, B and raw dt at the cursor and forms, per head, the checkpoint decay and
-// each head_dim row's history sum
+// one group) rather than in every CTA of a decode kernel. Thread t takes kRows consecutive
+// head_dim rows of one head, so that its x, z, dots and outputs move in 16-byte accesses. Before
+// it waits for the dot kernel it appends this step's x, B and raw dt at the cursor and forms, per
+// head, the checkpoint decay and each head_dim row's history sum
 //   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i;
 // then out_i = (decay dot_i + hist_i) silu(z_i). Pad rows and corrupt cursors are skipped, flush
-// rows are left to the flush kernel. The cached x and B of the window arrive by bulk copies issued
-// as soon as the cursor is known (window_smem_bytes() of shared memory), so that the CTA waits on
-// one memory round trip after it. Every CTA waits for the dot kernel before it exits, so that this
-// kernel's completion implies that one's.
-template <typename Act>
-__global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const ReplayParams p,
-                                                                       int heads_per_cta) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float weights[kMaxWindowHeads][kMaxBufferLen];  // then the history coefficients
-  __shared__ float decay[kMaxWindowHeads];
-  __shared__ float D_s[kMaxWindowHeads];
+// rows are left to the flush kernel. Every CTA waits for the dot kernel before it exits, so that
+// this kernel's completion implies that one's.
+template <typename Act, int kRows>
+__global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
+  __shared__ float coef[kMaxWindowHeads][kMaxBufferLen];  // each head's weights, then weight_j (B_j . C)
+  __shared__ float decay[kMaxWindowHeads], D_s[kMaxWindowHeads];
   __shared__ float bc[kMaxBufferLen];  // B_j . C
-  static_assert(sizeof(weights) + sizeof(decay) + sizeof(D_s) + sizeof(bc) == kWindowStaticBytes,
-                "the host counts this shared memory");
   allow_dependent_launch();  // the flush kernel may start its loads now
-  constexpr int kWarps = kWindowThreads / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  using Rows = Pack<Act, kRows>;
+  const int warps = int(blockDim.x) / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim);
   const int L = int(p.buffer_len);
   const int chunks = (hpg + heads_per_cta - 1) / heads_per_cta;
@@ -194,125 +188,139 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
   if (cursor < 0 || cursor >= L - 1) return wait_for_prior_kernel();
   const int count = cursor + 1;
 
-  // The cached history: x of each head (heads, L, P) and B (L, N), positions [0, cursor).
-  uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
-  Act* x_s = reinterpret_cast<Act*>(smem + kTileOffset);
-  Act* B_s = x_s + heads_per_cta * L * P;
-  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
-                first_head * p.xc_stride_head;  // (heads, L, P), contiguous positions
-  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
-                group * p.Bc_stride_group;  // (L, N), contiguous positions
-  if (threadIdx.x == 0 && cursor > 0) {
-    const unsigned x_bytes = unsigned(cursor * P * sizeof(Act));
-    const unsigned B_bytes = unsigned(cursor * N * sizeof(Act));
-    barrier_init(barrier);
-    barrier_expect_bytes(barrier, x_bytes * unsigned(heads) + B_bytes);
-    for (int k = 0; k < heads; ++k)
-      bulk_copy_to_shared(x_s + k * L * P, x_hist + k * p.xc_stride_head, x_bytes, barrier);
-    bulk_copy_to_shared(B_s, B_hist, B_bytes, barrier);
-  }
-  // This step's token and the per-head values, in flight with the copies. Warp w forms B_j . C
-  // of tokens j = w, w + kWarps, ... (the warps below `count` need C); the warp of the cursor's
-  // token holds this step's B.
-  const Act* C_now = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
-  const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
-  constexpr int kPerLane = kMaxStateDim / 32;
-  const bool forms_bc = warp < count, holds_now = warp == cursor % kWarps;
-  float c[kPerLane];
-  Act B_mine[kPerLane];
+  // This thread's rows: head k, rows [i, i + kRows). Their x and z of this step and the
+  // first tokens of their cached x, in flight with the window's other loads.
+  const int per_head = P / kRows;
+  const int k = int(threadIdx.x) / per_head, i = (int(threadIdx.x) - k * per_head) * kRows;
+  const bool has_rows = k < heads;
+  const int h = first_head + k;
+  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
+  constexpr int kEarly = kWindowEarlyBytes / int(sizeof(Rows));  // cached tokens loaded at a time
+  Rows x_now{}, z_now{};
+  Rows x_early[kEarly];
+  if (has_rows) {
+    x_now = load_pack<Act, kRows>(static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i);
+    if (p.z)
+      z_now = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + h * p.z_stride_head + i);
 #pragma unroll
-  for (int v = 0; v < kPerLane; ++v) {
-    const int n = lane + 32 * v;
-    c[v] = forms_bc && n < N ? to_float(load_one(C_now + n)) : 0.f;
-    if (holds_now && n < N) B_mine[v] = load_one(B_now + n);
+    for (int u = 0; u < kEarly; ++u)
+      if (u < cursor) x_early[u] = load_pack<Act, kRows>(x_hist + u * p.xc_stride_pos);
   }
-  float* dt_hist = nullptr;
-  float raw_dt[2] = {0.f, 0.f}, raw_now = 0.f, A = 0.f, bias = 0.f, D = 0.f;
-  if (warp < heads) {  // warp k: head k's scalars and raw dt, two tokens a lane
-    const int h = first_head + warp;
-    dt_hist = p.dt_cache + slot * p.dtc_stride_slot + h * p.dtc_stride_head;  // (L)
-    raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + h * p.dt_stride_head);
+  // Warp w: the scalars and raw dt (two tokens a lane) of heads w, w + warps, ... (the host gives
+  // every warp at most kWindowHeadsPerWarp heads).
+  float raw_dt[kWindowHeadsPerWarp][2], raw_now[kWindowHeadsPerWarp], A[kWindowHeadsPerWarp],
+      bias[kWindowHeadsPerWarp];
+#pragma unroll
+  for (int q = 0; q < kWindowHeadsPerWarp; ++q) {
+    const int kq = warp + q * warps, hq = first_head + kq;
+    if (kq >= heads) break;
+    const float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + hq * p.dtc_stride_head;  // (L)
+    raw_now[q] = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + hq * p.dt_stride_head);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int j = lane + 32 * half;
-      raw_dt[half] = j < cursor ? __ldg(dt_hist + j) : raw_now;
+      raw_dt[q][half] = j < cursor ? __ldg(dt_hist + j) : raw_now[q];
     }
-    A = head_value(p.A, h, 0.f);
-    bias = head_value(p.dt_bias, h, 0.f);
-    D = head_value(p.D, h, 0.f);
+    A[q] = head_value(p.A, hq, 0.f);
+    bias[q] = head_value(p.dt_bias, hq, 0.f);
+    if (lane == 0) D_s[kq] = head_value(p.D, hq, 0.f);
   }
-  // Thread t's (head, row) pairs are t + u kWindowThreads (the host keeps the pairs within
-  // them): their x and z of this step.
-  const int pairs = heads * P;
-  const Act* x = static_cast<const Act*>(p.x) + row * p.x_stride_batch;
-  const Act* z = p.z ? static_cast<const Act*>(p.z) + row * p.z_stride_batch : nullptr;
-  Act x_now[kWindowPairsPerThread];
-  float gate[kWindowPairsPerThread];  // z, then silu(z)
+  // Head kq's window weights and decay; this step's raw dt appended.
 #pragma unroll
-  for (int u = 0; u < kWindowPairsPerThread; ++u) {
-    const int pair = threadIdx.x + u * kWindowThreads, k = pair / P, i = pair - k * P;
-    x_now[u] = pair < pairs ? load_one(x + (first_head + k) * p.x_stride_head + i) : Act{};
-    gate[u] = z && pair < pairs ? to_float(load_one(z + (first_head + k) * p.z_stride_head + i)) : 1.f;
+  for (int q = 0; q < kWindowHeadsPerWarp; ++q) {
+    const int kq = warp + q * warps;
+    if (kq >= heads) break;
+    window_weights(raw_dt[q], 0, cursor, A[q], bias[q], p.dt_softplus, coef[kq], &decay[kq]);
+    if (lane == 0) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + cursor] = raw_now[q];
   }
-  // Thread 0 waits for the copies while the others wait at the CTA barrier (after the barrier's
-  // initialisation, which they must not race).
-  if (threadIdx.x == 0 && cursor > 0) barrier_wait(barrier, 0);
-  __syncthreads();
-
-  // Warp k: head k's window weights and decay; this step's raw dt appended.
-  if (warp < heads) {
-    window_weights(raw_dt, 0, cursor, A, bias, p.dt_softplus, weights[warp], &decay[warp]);
-    if (lane == 0) {
-      D_s[warp] = D;
-      dt_hist[cursor] = raw_now;
+  // B_j . C for every token of the window, one warp per token (this step's B for the cursor's).
+  const Act* C_now = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
+  const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
+  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;  // (L, N)
+  constexpr int kPerLane = kMaxStateDim / 32;
+  float c[kPerLane];
+#pragma unroll
+  for (int v = 0; v < kPerLane; ++v) {
+    const int n = lane + 32 * v;
+    c[v] = warp < count && n < N ? to_float(load_one(C_now + n)) : 0.f;
+  }
+  for (int j0 = warp; j0 < count; j0 += 2 * warps) {  // two tokens' loads in flight
+    Act b[2][kPerLane];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const int j = j0 + t * warps;
+      const Act* B_j = j < cursor ? B_hist + j * p.Bc_stride_pos : B_now;
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v)
+        if (j < count && lane + 32 * v < N) b[t][v] = load_one(B_j + lane + 32 * v);
     }
-  }
-  // B_j . C for every token of the window, one warp per token.
-  for (int j = warp; j < count; j += kWarps) {
-    float sum[1] = {0.f};
+    float sum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int v = 0; v < kPerLane; ++v) {
-      const int n = lane + 32 * v;
-      if (n < N) sum[0] = fmaf(to_float(j < cursor ? B_s[j * N + n] : B_mine[v]), c[v], sum[0]);
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v)
+        if (j0 + t * warps < count && lane + 32 * v < N) sum[t] = fmaf(to_float(b[t][v]), c[v], sum[t]);
     }
     row_group_sums<32>(sum);
-    if (lane == 0) bc[j] = sum[0];
-  }
-  if (first_head == group * hpg && holds_now) {  // the group's first head appends B
 #pragma unroll
-    for (int v = 0; v < kPerLane; ++v)
-      if (lane + 32 * v < N) B_hist[cursor * p.Bc_stride_pos + lane + 32 * v] = B_mine[v];
+    for (int t = 0; t < 2; ++t)
+      if (lane == 0 && j0 + t * warps < count) bc[j0 + t * warps] = sum[t];
+  }
+  if (first_head == group * hpg) {  // the group's first head appends B
+    for (int n = threadIdx.x; n < N; n += blockDim.x) B_hist[cursor * p.Bc_stride_pos + n] = B_now[n];
   }
   __syncthreads();
   // The history coefficients weight_j (B_j . C), in place of the weights.
-  for (int e = threadIdx.x; e < heads * count; e += kWindowThreads)
-    weights[e / count][e % count] *= bc[e % count];
+  for (int e = threadIdx.x; e < heads * count; e += blockDim.x) {
+    const int kq = e / count, j = e - kq * count;
+    coef[kq][j] *= bc[j];
+  }
   __syncthreads();
 
-  // The history sums and gates.
-  float hist[kWindowPairsPerThread];
+  // The history sums (tokens in order, then this step's and D x) and gates.
+  float hist[kRows], gate[kRows];
+  if (has_rows) {
 #pragma unroll
-  for (int u = 0; u < kWindowPairsPerThread; ++u) {
-    const int pair = threadIdx.x + u * kWindowThreads, k = pair / P, i = pair - k * P;
-    if (pair >= pairs) break;
-    const Act now = x_now[u];
-    float acc = 0.f;
-    for (int j = 0; j < cursor; ++j) acc = fmaf(weights[k][j], to_float(x_s[(k * L + j) * P + i]), acc);
-    acc = fmaf(weights[k][cursor], to_float(now), acc);
-    hist[u] = fmaf(D_s[k], to_float(now), acc);
-    if (z) gate[u] = silu(gate[u]);
-    x_hist[k * p.xc_stride_head + cursor * p.xc_stride_pos + i] = now;
+    for (int r = 0; r < kRows; ++r) hist[r] = 0.f;
+    auto add = [&](int j, const Rows& x_j) {
+      const float a = coef[k][j];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) hist[r] = fmaf(a, to_float(x_j.v[r]), hist[r]);
+    };
+#pragma unroll
+    for (int u = 0; u < kEarly; ++u)
+      if (u < cursor) add(u, x_early[u]);
+    for (int j0 = kEarly; j0 < cursor; j0 += kEarly) {
+      Rows x_later[kEarly];
+#pragma unroll
+      for (int u = 0; u < kEarly; ++u)
+        if (j0 + u < cursor) x_later[u] = load_pack<Act, kRows>(x_hist + (j0 + u) * p.xc_stride_pos);
+#pragma unroll
+      for (int u = 0; u < kEarly; ++u)
+        if (j0 + u < cursor) add(j0 + u, x_later[u]);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float now = to_float(x_now.v[r]);
+      hist[r] = fmaf(D_s[k], now, fmaf(coef[k][cursor], now, hist[r]));
+      gate[r] = p.z ? silu(to_float(z_now.v[r])) : 1.f;
+    }
+    store_pack(x_hist + cursor * p.xc_stride_pos, x_now);
   }
 
   // The outputs, from the dot kernel's checkpoint dots.
   wait_for_prior_kernel();
-  const float* dots = p.workspace + (int64_t(row) * p.nheads + first_head) * P;  // (heads, P)
-  Act* out = static_cast<Act*>(p.out) + row * p.out_stride_batch;
+  if (has_rows) {
+    const float* dots = p.workspace + (int64_t(row) * p.nheads + h) * P + i;
+    Rows out;
 #pragma unroll
-  for (int u = 0; u < kWindowPairsPerThread; ++u) {
-    const int pair = threadIdx.x + u * kWindowThreads, k = pair / P, i = pair - k * P;
-    if (pair >= pairs) break;
-    out[(first_head + k) * p.out_stride_head + i] = from_float<Act>(fmaf(decay[k], dots[pair], hist[u]) * gate[u]);
+    for (int r = 0; r < kRows; r += 4) {
+      float dot[4];
+      load_piece(dots + r, dot);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out.v[r + e] = from_float<Act>(fmaf(decay[k], dot[e], hist[r + e]) * gate[r + e]);
+    }
+    store_pack(static_cast<Act*>(p.out) + row * p.out_stride_batch + h * p.out_stride_head + i, out);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "cuda/check.hpp"
+#include "cuda/launch_shape.hpp"
 #include "cuda/mamba2_kernels.cuh"
 #include "cuda/mamba2_launch.hpp"
 
@@ -115,14 +116,16 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
                                               p, dot.heads, dot.rows));
   });
 
-  const int heads = window_heads(p.heads_per_group, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act));
+  const int window_rows = window_rows_per_thread(p);
+  const int heads = window_heads(p.heads_per_group, p.head_dim, window_rows);
   config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
-  config.blockDim = dim3(kWindowThreads);
-  config.dynamicSmemBytes =
-      size_t(window_smem_bytes(heads, p.buffer_len, p.head_dim, p.state_dim, sizeof(Act)));
+  config.blockDim = dim3(unsigned(window_threads(heads, p.head_dim, window_rows)));
+  config.dynamicSmemBytes = 0;
   config.attrs = &after_previous;
   config.numAttrs = 1;
-  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, replay_window_kernel<Act>, p, heads));
+  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(
+      &config, window_rows == kWindowRowsMany ? replay_window_kernel<Act, kWindowRowsMany> : replay_window_kernel<Act, kWindowRowsFew>,
+      p, heads));
 
   const int64_t flush_ctas_per_head = std::min(p.batch, (p.batch + p.buffer_len - 1) / p.buffer_len);
   config.gridDim = dim3(decode_grid(p, flush_rows_per_cta).x, unsigned(flush_ctas_per_head));

@@ -58,27 +58,28 @@ constexpr int64_t flush_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int6
          buffer_len * state_dim * 4;
 }
 
-// The window kernel of the split path: one CTA per (batch row, up to window_heads() heads of one
-// group), one warp per head, each thread up to kWindowPairsPerThread (head, row) pairs; shared
-// memory: an mbarrier, then the cached x of its heads (heads, L, P) and B (L, N) as stored, next to
-// kWindowStaticBytes of per-head weights.
+// The window kernel of the split path: one CTA per (batch row, up to kMaxWindowHeads heads of one
+// group); each thread `rows` consecutive head_dim rows of one head (kWindowRowsFew or
+// kWindowRowsMany; head_dim a multiple of it), each warp the weights of up to kWindowHeadsPerWarp
+// heads, each thread the cached x of up to kWindowEarlyBytes at a time. Many rows a thread take
+// fewer instructions, few rows a shorter chain: a grid of fewer window CTAs than
+// kWindowRowsManyCtasPerSm per SM takes few (notes/cuda.md, v12).
 constexpr int kWindowThreads = 512;
-constexpr int kMaxWindowHeads = kWindowThreads / 32;
-constexpr int kWindowPairsPerThread = 2;
-constexpr int64_t kWindowStaticBytes = (kMaxWindowHeads * (kMaxBufferLen + 2) + kMaxBufferLen) * 4;
-constexpr int64_t window_smem_bytes(int64_t heads, int64_t buffer_len, int64_t head_dim,
-                                    int64_t state_dim, int64_t act_bytes) {
-  return kTileOffset + (heads * head_dim + state_dim) * buffer_len * act_bytes;
+constexpr int kMaxWindowHeads = 16;
+constexpr int kWindowRowsFew = 4, kWindowRowsMany = 8;
+constexpr int kWindowRowsManyCtasPerSm = 1;
+constexpr int kWindowHeadsPerWarp = 4;
+constexpr int kWindowEarlyBytes = 128;
+constexpr int64_t window_threads(int64_t heads, int64_t head_dim, int64_t rows) {
+  const int64_t for_rows = (heads * head_dim / rows + 31) / 32 * 32;
+  const int64_t for_weights = (heads + kWindowHeadsPerWarp - 1) / kWindowHeadsPerWarp * 32;
+  return for_rows > for_weights ? for_rows : for_weights;
 }
-// Heads per window CTA: the group's heads in as few CTAs as their warps, pairs and
-// kMaxSharedBytes allow, spread evenly (0: not even one head fits).
-constexpr int window_heads(int64_t heads_per_group, int64_t buffer_len, int64_t head_dim,
-                           int64_t state_dim, int64_t act_bytes) {
+// Heads per window CTA: the group's heads in as few CTAs as kMaxWindowHeads and kWindowThreads
+// allow, spread evenly (0: not even one head fits).
+constexpr int window_heads(int64_t heads_per_group, int64_t head_dim, int64_t rows) {
   int64_t most = heads_per_group < kMaxWindowHeads ? heads_per_group : kMaxWindowHeads;
-  while (most > 0 && (most * head_dim > kWindowPairsPerThread * kWindowThreads ||
-                      window_smem_bytes(most, buffer_len, head_dim, state_dim, act_bytes) +
-                              kWindowStaticBytes > kMaxSharedBytes))
-    --most;
+  while (most > 0 && window_threads(most, head_dim, rows) > kWindowThreads) --most;
   if (most == 0) return 0;
   const int64_t ctas = (heads_per_group + most - 1) / most;
   return int((heads_per_group + ctas - 1) / ctas);
