@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 // The split path's second kernel, launched as the dot kernel's programmatic dependent: the window
 // work and the outputs of the non-flush rows, once per (batch row, up to heads_per_cta heads of
 // one group) rather than in every CTA of a decode kernel. Thread t takes kRows consecutive
-// head_dim rows of one head, so that its x, z, dots and outputs move in 16-byte accesses. Before
+// head_dim rows of one head, so that its x, z, cached x, dots and outputs move in packs. Before
 // it waits for the dot kernel it appends this step's x, B and raw dt at the cursor and forms, per
 // head, the checkpoint decay and each head_dim row's history sum
 //   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i;
