@@ -238,11 +238,15 @@ template <typename T> __device__ __forceinline__ void store_piece(float* dst, co
 // this is the natural order). The generic layout keeps the natural order.
 template <typename Ly> constexpr bool kLaneOrder = !Ly::kMasked && Ly::kVec % 4 == 0;
 
+// In lane order: where element e of vector v of lane l's slice sits.
+template <typename Ly> __device__ __forceinline__ int lane_order_position(int v, int e, int lane) {
+  return ((v * Ly::kVec + e) / 4 * Ly::kLanes + lane) * 4 + e % 4;
+}
+
 // Where element n of a staged N-vector sits.
 template <typename Ly> __device__ __forceinline__ int shared_position(int n) {
   if constexpr (kLaneOrder<Ly>) {
-    const int lane = n / Ly::kVec % Ly::kLanes, v = n / (Ly::kVec * Ly::kLanes), e = n % Ly::kVec;
-    return ((v * Ly::kVec + e) / 4 * Ly::kLanes + lane) * 4 + e % 4;
+    return lane_order_position<Ly>(n / (Ly::kVec * Ly::kLanes), n % Ly::kVec, n / Ly::kVec % Ly::kLanes);
   } else {
     return n;
   }
@@ -257,10 +261,7 @@ __device__ __forceinline__ void shared_slice(const float* src, int lane, int64_t
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
     if constexpr (kLaneOrder<Ly>) {
 #pragma unroll
-      for (int e = 0; e < Ly::kVec; e += 4) {
-        const int piece = (v * Ly::kVec + e) / 4;
-        load_piece(src + (piece * Ly::kLanes + lane) * 4, out[v] + e);
-      }
+      for (int e = 0; e < Ly::kVec; e += 4) load_piece(src + lane_order_position<Ly>(v, e, lane), out[v] + e);
     } else {
       const int n = first_element<Ly>(v, lane);
 #pragma unroll
@@ -277,10 +278,7 @@ __device__ __forceinline__ void store_shared_slice(float* dst, const Pack<T, Ly:
   for (int v = 0; v < Ly::kVecsPerLane; ++v) {
     if constexpr (kLaneOrder<Ly>) {
 #pragma unroll
-      for (int e = 0; e < Ly::kVec; e += 4) {
-        const int piece = (v * Ly::kVec + e) / 4;
-        store_piece(dst + (piece * Ly::kLanes + lane) * 4, in[v].v + e);
-      }
+      for (int e = 0; e < Ly::kVec; e += 4) store_piece(dst + lane_order_position<Ly>(v, e, lane), in[v].v + e);
     } else {
       const int n = first_element<Ly>(v, lane);
 #pragma unroll
