@@ -113,6 +113,26 @@ __device__ __forceinline__ void barrier_inval(uint64_t* barrier) {
   asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(shared_address(barrier)) : "memory");
 }
 
+// ---- Asynchronous copies (sm_80): global -> shared, holding no registers; each thread waits
+// for its own. ----
+
+template <typename T, int K> __device__ __forceinline__ void copy_pack_async(Pack<T, K>* dst, const T* src) {
+  constexpr int kBytes = int(sizeof(T)) * K;
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst) + 16 * i),
+                   "l"(reinterpret_cast<const char*>(src) + 16 * i)
+                   : "memory");
+  } else {
+    static_assert(kBytes == 4 || kBytes == 8, "asynchronous copies move 4, 8 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(shared_address(dst)), "l"(src), "n"(kBytes)
+                 : "memory");
+  }
+}
+// This thread's asynchronous copies have landed and are visible to it.
+__device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Programmatic dependent launch (sm_90): each kernel of the split path after the first is launched
 // while the one before still runs. Both are no-ops in a kernel launched without the attribute.
 __device__ __forceinline__ void allow_dependent_launch() {

@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "api/params.hpp"
+#include "cuda/check.hpp"
 #include "cuda/row_layout.hpp"
 
 namespace replayssm::cuda {
@@ -40,5 +41,11 @@ int window_rows_per_thread(const ReplayParams& p);
 
 // CTAs of a grid of (row, head, chunk of rows_per_cta rows).
 int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta);
+
+// Lets `kernel` take `bytes` of dynamic shared memory where that is past the default limit.
+template <typename Kernel> void allow_smem(Kernel kernel, int64_t bytes) {
+  if (bytes > kMaxSharedBytes)
+    REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
 
 }  // namespace replayssm::cuda

@@ -168,10 +168,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 // rows are left to the flush kernel. Every CTA waits for the dot kernel before it exits, so that
 // this kernel's completion implies that one's.
 template <typename Act, int kRows>
-__global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
+__global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
   __shared__ float coef[kMaxWindowHeads][kMaxBufferLen];  // each head's weights, then weight_j (B_j . C)
   __shared__ float decay[kMaxWindowHeads], D_s[kMaxWindowHeads];
   __shared__ float bc[kMaxBufferLen];  // B_j . C
+  extern __shared__ __align__(16) unsigned char window_smem[];  // each thread's staged cached x
   allow_dependent_launch();  // the flush kernel may start its loads now
   using Rows = Pack<Act, kRows>;
   const int warps = int(blockDim.x) / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -188,23 +189,27 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
   if (cursor < 0 || cursor >= L - 1) return wait_for_prior_kernel();
   const int count = cursor + 1;
 
-  // This thread's rows: head k, rows [i, i + kRows). Their x and z of this step and the
-  // first tokens of their cached x, in flight with the window's other loads.
+  // This thread's rows: head k, rows [i, i + kRows). Their x and z of this step, and the first
+  // tokens of their cached x copied into shared memory (no registers held), in flight with the
+  // window's other loads.
   const int per_head = P / kRows;
   const int k = int(threadIdx.x) / per_head, i = (int(threadIdx.x) - k * per_head) * kRows;
   const bool has_rows = k < heads;
   const int h = first_head + k;
   Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
-  constexpr int kEarly = kWindowEarlyBytes / int(sizeof(Rows));  // cached tokens loaded at a time
+  constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));  // cached tokens staged a round
+  Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // round token u: [u * blockDim.x]
+  auto stage_x = [&](int first) {
+#pragma unroll
+    for (int u = 0; u < kStaged; ++u)
+      if (first + u < cursor) copy_pack_async(x_staged + u * blockDim.x, x_hist + (first + u) * p.xc_stride_pos);
+  };
   Rows x_now{}, z_now{};
-  Rows x_early[kEarly];
   if (has_rows) {
     x_now = load_pack<Act, kRows>(static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i);
     if (p.z)
       z_now = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + h * p.z_stride_head + i);
-#pragma unroll
-    for (int u = 0; u < kEarly; ++u)
-      if (u < cursor) x_early[u] = load_pack<Act, kRows>(x_hist + u * p.xc_stride_pos);
+    stage_x(0);
   }
   // Warp w: the scalars and raw dt (two tokens a lane) of heads w, w + warps, ... (the host gives
   // every warp at most kWindowHeadsPerWarp heads).
@@ -233,33 +238,40 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
     window_weights(raw_dt[q], 0, cursor, A[q], bias[q], p.dt_softplus, coef[kq], &decay[kq]);
     if (lane == 0) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + cursor] = raw_now[q];
   }
-  // B_j . C for every token of the window, one warp per token (this step's B for the cursor's).
+  // B_j . C for every token of the window, one warp per token (this step's B for the cursor's),
+  // lane l taking the pieces of kPiece elements from n = kPiece (l + 32 v): B, C and the B cache
+  // are aligned to them on the split path (slice_access_bytes).
   const Act* C_now = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
   const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
   Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;  // (L, N)
-  constexpr int kPerLane = kMaxStateDim / 32;
-  float c[kPerLane];
+  constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
+  using Piece = Pack<Act, kPiece>;
+  auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
+  float c[kPieces][kPiece];
 #pragma unroll
-  for (int v = 0; v < kPerLane; ++v) {
-    const int n = lane + 32 * v;
-    c[v] = warp < count && n < N ? to_float(load_one(C_now + n)) : 0.f;
+  for (int v = 0; v < kPieces; ++v) {
+    const Piece q = warp < count && has_piece(v) ? load_pack<Act, kPiece>(C_now + kPiece * (lane + 32 * v)) : Piece{};
+#pragma unroll
+    for (int e = 0; e < kPiece; ++e) c[v][e] = to_float(q.v[e]);
   }
   for (int j0 = warp; j0 < count; j0 += 2 * warps) {  // two tokens' loads in flight
-    Act b[2][kPerLane];
+    Piece b[2][kPieces];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const int j = j0 + t * warps;
       const Act* B_j = j < cursor ? B_hist + j * p.Bc_stride_pos : B_now;
 #pragma unroll
-      for (int v = 0; v < kPerLane; ++v)
-        if (j < count && lane + 32 * v < N) b[t][v] = load_one(B_j + lane + 32 * v);
+      for (int v = 0; v < kPieces; ++v)
+        b[t][v] = j < count && has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
     }
     float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
 #pragma unroll
-      for (int v = 0; v < kPerLane; ++v)
-        if (j0 + t * warps < count && lane + 32 * v < N) sum[t] = fmaf(to_float(b[t][v]), c[v], sum[t]);
+      for (int v = 0; v < kPieces; ++v) {
+#pragma unroll
+        for (int e = 0; e < kPiece; ++e) sum[t] = fmaf(to_float(b[t][v].v[e]), c[v][e], sum[t]);
+      }
     }
     row_group_sums<32>(sum);
 #pragma unroll
@@ -287,17 +299,12 @@ __global__ void __launch_bounds__(kWindowThreads) replay_window_kernel(const Rep
 #pragma unroll
       for (int r = 0; r < kRows; ++r) hist[r] = fmaf(a, to_float(x_j.v[r]), hist[r]);
     };
+    for (int first = 0; first < cursor; first += kStaged) {
+      if (first > 0) stage_x(first);  // a longer window: the next round of this thread's tokens
+      wait_async_copies();
 #pragma unroll
-    for (int u = 0; u < kEarly; ++u)
-      if (u < cursor) add(u, x_early[u]);
-    for (int j0 = kEarly; j0 < cursor; j0 += kEarly) {
-      Rows x_later[kEarly];
-#pragma unroll
-      for (int u = 0; u < kEarly; ++u)
-        if (j0 + u < cursor) x_later[u] = load_pack<Act, kRows>(x_hist + (j0 + u) * p.xc_stride_pos);
-#pragma unroll
-      for (int u = 0; u < kEarly; ++u)
-        if (j0 + u < cursor) add(j0 + u, x_later[u]);
+      for (int u = 0; u < kStaged; ++u)
+        if (first + u < cursor) add(first + u, x_staged[u * blockDim.x]);
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -632,33 +639,43 @@ __device__ __forceinline__ void for_each_flush_row(const ReplayParams& p, const 
   }
 }
 
-// ReplaySSM standard decode: one (row, head, chunk) per CTA (replay_rows). kFlushOnly: the split
-// path's third kernel, launched as the window kernel's programmatic dependent: a grid of
-// (head, chunk) x (some CTAs per row of heads) that takes the flush rows only, by rank; its
-// checkpoint copies and window loads start before the kernels before it finish, its checkpoint
-// stores after (every CTA waits for them, so that this kernel's completion implies theirs).
-template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kFlushOnly>
+// ReplaySSM standard decode: one (row, head, chunk) per CTA (replay_rows).
+template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
                                                                  int rows_per_cta,
                                                                  bool output_only) {
   extern __shared__ __align__(128) unsigned char smem[];
-  if constexpr (kFlushOnly) {
-    for_each_flush_row(p, [&](int row, int64_t slot) {
-      replay_rows<S, Act, kKind, kStochastic, true>(
-          p, cta_work(p, rows_per_cta, row), slot, [&] { return int(p.buffer_len) - 1; },
-          rows_per_cta, output_only, smem);
-      __syncthreads();  // every thread is done with the tile: the barrier can be set up again
-      if (threadIdx.x == 0) barrier_inval(reinterpret_cast<uint64_t*>(smem));
-    });
-    wait_for_prior_kernel();
-  } else {
-    const CtaWork w = cta_work(p, rows_per_cta);
-    const int64_t slot = device_slot(p, w.row);
-    if (slot < 0) return;
-    replay_rows<S, Act, kKind, kStochastic, false>(
-        p, w, slot, [&] { return load_one(p.cursors + slot * p.cursors_stride); }, rows_per_cta,
+  const CtaWork w = cta_work(p, rows_per_cta);
+  const int64_t slot = device_slot(p, w.row);
+  if (slot < 0) return;
+  replay_rows<S, Act, kKind, kStochastic, false>(
+      p, w, slot, [&] { return load_one(p.cursors + slot * p.cursors_stride); }, rows_per_cta,
+      output_only, smem);
+}
+
+// A flush CTA's shared memory (a whole fp32 head's tile, the window's x and B) admits four CTAs an
+// SM: its registers are capped for four, not for the decode kernels' six, under whose cap the
+// staged window spilled to local memory, one load round trip per token (notes/cuda.md, v14).
+constexpr int kFlushMinCtasPerSm = 4;
+
+// The split path's third kernel, launched as the window kernel's programmatic dependent: the
+// flush rows only (replay_rows, kFlushOnly), over a grid of (head, chunk) x (some CTAs per row of
+// heads) that takes them by rank; its checkpoint copies and window loads start before the
+// kernels before it finish, its checkpoint stores after (every CTA waits for them, so that this
+// kernel's completion implies theirs).
+template <typename S, typename Act, RowLayoutKind kKind>
+__global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) replay_flush_kernel(const ReplayParams p,
+                                                                     int rows_per_cta,
+                                                                     bool output_only) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  for_each_flush_row(p, [&](int row, int64_t slot) {
+    replay_rows<S, Act, kKind, false, true>(
+        p, cta_work(p, rows_per_cta, row), slot, [&] { return int(p.buffer_len) - 1; }, rows_per_cta,
         output_only, smem);
-  }
+    __syncthreads();  // every thread is done with the tile: the barrier can be set up again
+    if (threadIdx.x == 0) barrier_inval(reinterpret_cast<uint64_t*>(smem));
+  });
+  wait_for_prior_kernel();
 }
 
 }  // namespace replayssm::cuda

@@ -87,7 +87,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
     auto run = [&](auto stochastic) {
       by_layout([&](auto kind) {
         REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(
-            &config, replay_decode_kernel<S, Act, decltype(kind)::value, decltype(stochastic)::value, false>,
+            &config, replay_decode_kernel<S, Act, decltype(kind)::value, decltype(stochastic)::value>,
             p, rows_per_cta, output_only));
       });
     };
@@ -119,13 +119,15 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   const int window_rows = window_rows_per_thread(p);
   const int heads = window_heads(p.heads_per_group, p.head_dim, window_rows);
   config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
-  config.blockDim = dim3(unsigned(window_threads(heads, p.head_dim, window_rows)));
-  config.dynamicSmemBytes = 0;
+  const int64_t threads = window_threads(heads, p.head_dim, window_rows);
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = size_t(window_smem_bytes(threads));
   config.attrs = &after_previous;
   config.numAttrs = 1;
-  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(
-      &config, window_rows == kWindowRowsMany ? replay_window_kernel<Act, kWindowRowsMany> : replay_window_kernel<Act, kWindowRowsFew>,
-      p, heads));
+  const auto window_kernel =
+      window_rows == kWindowRowsMany ? replay_window_kernel<Act, kWindowRowsMany> : replay_window_kernel<Act, kWindowRowsFew>;
+  allow_smem(window_kernel, window_smem_bytes(threads));
+  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 
   const int64_t flush_ctas_per_head = std::min(p.batch, (p.batch + p.buffer_len - 1) / p.buffer_len);
   config.gridDim = dim3(decode_grid(p, flush_rows_per_cta).x, unsigned(flush_ctas_per_head));
@@ -135,7 +137,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   by_layout([&](auto kind) {
     if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)
       REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(
-          &config, replay_decode_kernel<S, Act, decltype(kind)::value, false, true>, p,
+          &config, replay_flush_kernel<S, Act, decltype(kind)::value>, p,
           flush_rows_per_cta, output_only));
   });
 }

@@ -16,6 +16,7 @@
 #include "api/spec_params.hpp"
 #include "cuda/check.hpp"
 #include "cuda/decode_primitives.cuh"
+#include "cuda/launch_shape.hpp"
 #include "cuda/mamba2_spec_launch.hpp"
 
 namespace replayssm::cuda::spec {
@@ -431,11 +432,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
     store_window_outputs<Ly, Act>(p, w, y, n, batch, group, lane, rows_per_cta, nullptr, Dx_s,
                                   p.z ? z_s : nullptr);
   }
-}
-
-template <typename Kernel> void allow_smem(Kernel kernel, int64_t bytes) {
-  if (bytes > kMaxSharedBytes)
-    REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 // (head, chunk) along x, batch rows along y, as in standard decode.

@@ -61,15 +61,16 @@ constexpr int64_t flush_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int6
 // The window kernel of the split path: one CTA per (batch row, up to kMaxWindowHeads heads of one
 // group); each thread `rows` consecutive head_dim rows of one head (kWindowRowsFew or
 // kWindowRowsMany; head_dim a multiple of it), each warp the weights of up to kWindowHeadsPerWarp
-// heads, each thread the cached x of up to kWindowEarlyBytes at a time. Many rows a thread take
-// fewer instructions, few rows a shorter chain: a grid of fewer window CTAs than
-// kWindowRowsManyCtasPerSm per SM takes few (notes/cuda.md, v12).
+// heads, each thread the cached x of up to kWindowStagedBytes at a time, copied into its own
+// shared memory. Many rows a thread take fewer instructions, few rows a shorter chain: a grid of
+// fewer window CTAs than kWindowRowsManyCtasPerSm per SM takes few (notes/cuda.md, v12).
 constexpr int kWindowThreads = 512;
 constexpr int kMaxWindowHeads = 16;
 constexpr int kWindowRowsFew = 4, kWindowRowsMany = 8;
 constexpr int kWindowRowsManyCtasPerSm = 1;
 constexpr int kWindowHeadsPerWarp = 4;
-constexpr int kWindowEarlyBytes = 128;
+constexpr int kWindowStagedBytes = 128;
+constexpr int64_t window_smem_bytes(int64_t threads) { return threads * kWindowStagedBytes; }
 constexpr int64_t window_threads(int64_t heads, int64_t head_dim, int64_t rows) {
   const int64_t for_rows = (heads * head_dim / rows + 31) / 32 * 32;
   const int64_t for_weights = (heads + kWindowHeadsPerWarp - 1) / kWindowHeadsPerWarp * 32;
