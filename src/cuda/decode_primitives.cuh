@@ -506,6 +506,27 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int fir
   if (lane == 0) *decay = expf(A * total[0]);
 }
 
+// window_weights of the tokens [0, count) for count <= 16, two heads at once: lanes 16 s + t take
+// token t of the head of segment s (weights and decay null: a segment without a head). The same
+// sums in the same order as window_weights, whose other lanes only add zeros for such a window:
+// the same weights to the bit.
+__device__ __forceinline__ void window_weights_16(float raw_dt, int count, float A, float bias,
+                                                  bool dt_softplus, float* weights, float* decay) {
+  constexpr int kWidth = 16;
+  const int t = threadIdx.x % kWidth;
+  const float dt = t < count ? effective_dt(raw_dt, bias, dt_softplus) : 0.f;
+  float total = dt;  // becomes sum_{i>=t} dt_i
+#pragma unroll
+  for (int offset = 1; offset < kWidth; offset *= 2) {
+    const float v = __shfl_down_sync(kFullMask, total, offset, kWidth);
+    if (t + offset < kWidth) total += v;
+  }
+  float later = __shfl_down_sync(kFullMask, total, 1, kWidth);
+  if (t == kWidth - 1) later = 0.f;
+  if (weights) weights[t] = dt * expf(A * later);
+  if (decay && t == 0) *decay = expf(A * total);
+}
+
 // The baseline's step of one state row slice: s = decay s + xdt b.
 template <typename Ly>
 __device__ __forceinline__ void state_step(float (&s)[Ly::kVecsPerLane][Ly::kVec], float decay,

@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 template <typename Act, int kRows>
 __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
   __shared__ float coef[kMaxWindowHeads][kMaxBufferLen];  // each head's weights, then weight_j (B_j . C)
-  __shared__ float decay[kMaxWindowHeads], D_s[kMaxWindowHeads];
+  __shared__ float decay[kMaxWindowHeads], D_s[kMaxWindowHeads], A_s[kMaxWindowHeads],
+      bias_s[kMaxWindowHeads], raw_now_s[kMaxWindowHeads];
   __shared__ float bc[kMaxBufferLen];  // B_j . C
   extern __shared__ __align__(16) unsigned char window_smem[];  // each thread's staged cached x
   allow_dependent_launch();  // the flush kernel may start its loads now
@@ -211,32 +212,50 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
       z_now = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + h * p.z_stride_head + i);
     stage_x(0);
   }
-  // Warp w: the scalars and raw dt (two tokens a lane) of heads w, w + warps, ... (the host gives
-  // every warp at most kWindowHeadsPerWarp heads).
-  float raw_dt[kWindowHeadsPerWarp][2], raw_now[kWindowHeadsPerWarp], A[kWindowHeadsPerWarp],
-      bias[kWindowHeadsPerWarp];
+  // Each head's scalars and this step's raw dt, one head a thread (which appends the raw dt).
+  if (int(threadIdx.x) < heads) {
+    const int hq = first_head + int(threadIdx.x);
+    const float raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + hq * p.dt_stride_head);
+    raw_now_s[threadIdx.x] = raw_now;
+    A_s[threadIdx.x] = head_value(p.A, hq, 0.f);
+    bias_s[threadIdx.x] = head_value(p.dt_bias, hq, 0.f);
+    D_s[threadIdx.x] = head_value(p.D, hq, 0.f);
+    p.dt_cache[slot * p.dtc_stride_slot + hq * p.dtc_stride_head + cursor] = raw_now;
+  }
+  // Warp w forms the window weights and decay of heads w, w + warps, ... (the host gives every
+  // warp at most kWindowHeadsPerWarp heads), their cached raw dt loaded before the scalars are
+  // waited for: for windows of up to 16 tokens two heads a pass, lanes 16 s + t taking token t of
+  // the pass's head s (window_weights_16); else one head a pass, lanes l taking tokens l and
+  // l + 32 (window_weights).
+  const bool short_window = count <= 16;
+  auto pass_head = [&](int q) { return short_window ? warp + warps * (2 * q + lane / 16) : warp + warps * q; };
+  auto pass_token = [&](int half) { return short_window ? lane % 16 : lane + 32 * half; };
+  float raw_dt[kWindowHeadsPerWarp][2];
 #pragma unroll
   for (int q = 0; q < kWindowHeadsPerWarp; ++q) {
-    const int kq = warp + q * warps, hq = first_head + kq;
-    if (kq >= heads) break;
-    const float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + hq * p.dtc_stride_head;  // (L)
-    raw_now[q] = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + hq * p.dt_stride_head);
+    const int kq = pass_head(q);
+    const float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head;  // (L)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int j = lane + 32 * half;
-      raw_dt[q][half] = j < cursor ? __ldg(dt_hist + j) : raw_now[q];
+      const int j = pass_token(half);
+      raw_dt[q][half] = kq < heads && j < cursor && (half == 0 || !short_window) ? __ldg(dt_hist + j) : 0.f;
     }
-    A[q] = head_value(p.A, hq, 0.f);
-    bias[q] = head_value(p.dt_bias, hq, 0.f);
-    if (lane == 0) D_s[kq] = head_value(p.D, hq, 0.f);
   }
-  // Head kq's window weights and decay; this step's raw dt appended.
+  __syncthreads();  // the heads' scalars
 #pragma unroll
   for (int q = 0; q < kWindowHeadsPerWarp; ++q) {
-    const int kq = warp + q * warps;
-    if (kq >= heads) break;
-    window_weights(raw_dt[q], 0, cursor, A[q], bias[q], p.dt_softplus, coef[kq], &decay[kq]);
-    if (lane == 0) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + cursor] = raw_now[q];
+    if (warp + warps * (short_window ? 2 * q : q) >= heads) break;  // no head in this pass (warp-uniform)
+    const int kq = pass_head(q);
+    const bool has_head = kq < heads;  // false only in a short pass's second segment
+    const int k_s = has_head ? kq : 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      if (pass_token(half) == cursor) raw_dt[q][half] = raw_now_s[k_s];
+    if (short_window)
+      window_weights_16(raw_dt[q][0], count, A_s[k_s], bias_s[k_s], p.dt_softplus,
+                        has_head ? coef[kq] : nullptr, has_head ? &decay[kq] : nullptr);
+    else
+      window_weights(raw_dt[q], 0, cursor, A_s[kq], bias_s[kq], p.dt_softplus, coef[kq], &decay[kq]);
   }
   // B_j . C for every token of the window, one warp per token (this step's B for the cursor's),
   // lane l taking the pieces of kPiece elements from n = kPiece (l + 32 v): B, C and the B cache
