@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
 // (first head of the group) and the raw dt at position `cursor`. kStochastic (the call's
 // stochastic_rounding) is a separate instantiation: the Philox rounds, compiled into the flush
 // rows, cost registers that make the row loop spill under the register cap. kFlushOnly: the split
-// path's flush kernel, whose checkpoint stores wait for the kernels before it.
+// path's flush kernel (flush rows only, B staged in shared memory).
 template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kFlushOnly,
           typename CursorOf>
 __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork& w, int64_t slot,
@@ -535,7 +535,6 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
     }
   }
   wait_tile_all<Ly>(barrier);
-  if constexpr (kFlushOnly) wait_for_prior_kernel();  // the dot kernel has read this checkpoint
 
   const float decay = window[kDecayOffset];
   // Output-only: the history coefficient weight_j (B_j . C) of each token, in place of B_j . C.
@@ -679,9 +678,10 @@ constexpr int kFlushMinCtasPerSm = 4;
 
 // The split path's third kernel, launched as the window kernel's programmatic dependent: the
 // flush rows only (replay_rows, kFlushOnly), over a grid of (head, chunk) x (some CTAs per row of
-// heads) that takes them by rank; its checkpoint copies and window loads start before the
-// kernels before it finish, its checkpoint stores after (every CTA waits for them, so that this
-// kernel's completion implies theirs).
+// heads) that takes them by rank. It runs beside the kernels before it without waiting for them:
+// the only data they share are the flush rows' checkpoints, whose dots the dot kernel may read
+// while they are rewritten but nobody uses. Every CTA waits for them before it exits, so that
+// this kernel's completion implies theirs.
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) replay_flush_kernel(const ReplayParams p,
                                                                      int rows_per_cta,
