@@ -166,7 +166,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 //   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i;
 // then out_i = (decay dot_i + hist_i) silu(z_i). Pad rows and corrupt cursors are skipped, flush
 // rows are left to the flush kernel. Every CTA waits for the dot kernel before it exits, so that
-// this kernel's completion implies that one's.
+// this kernel's completion implies that one's. Its registers are capped at 64 (two CTAs of
+// kWindowThreads an SM): eight 128-thread CTAs an SM take a batch of 128 rows in one wave.
 template <typename Act, int kRows>
 __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
   __shared__ float coef[kMaxWindowHeads][kMaxBufferLen];  // each head's weights, then weight_j (B_j . C)
