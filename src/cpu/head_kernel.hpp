@@ -12,11 +12,11 @@
 
 #include "api/params.hpp"
 #include "common/mamba2_math.hpp"
+#include "cpu/head_window.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace replayssm::cpu {
 
-constexpr int64_t kMaxTokens = 64;  // history plus the current token, at most L
 // Register tiles of the state-and-output route: kRows state rows x kTile columns, in vectors of
 // kLanes floats (GCC/Clang vector extensions: AVX registers where the target has them).
 constexpr int kLanes = 8;
@@ -140,24 +140,6 @@ struct GroupWindow {
   float* C = nullptr;   // (n_pad)
   float* Bf = nullptr;  // (count, n_pad)
   float bc[kMaxTokens];  // B_j . C, for the output-only route
-};
-
-// One head's view of the tokens: weight[j] = dt_j exp(A sum_{i>j} dt_i) scales token j and
-// checkpoint_decay = exp(A sum_i dt_i) scales the checkpoint (backward sums: no cancellation).
-struct HeadWindow {
-  const void* x[kMaxTokens];  // (P) act each
-  float weight[kMaxTokens];
-  float checkpoint_decay = 1.f;
-
-  void weigh(int64_t count, const float* raw_dt, float A, float bias, bool dt_softplus) {
-    float later = 0.f;  // sum of the effective dt of the tokens after j
-    for (int64_t j = count - 1; j >= 0; --j) {
-      const float dt = effective_dt(raw_dt[j], bias, dt_softplus);
-      weight[j] = dt * std::exp(A * later);
-      later += dt;
-    }
-    checkpoint_decay = std::exp(A * later);
-  }
 };
 
 template <typename S, typename Act> class HeadKernel {
