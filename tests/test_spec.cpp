@@ -58,6 +58,22 @@ std::vector<SpecRolloutConfig> nemotron_cases() {
   return {c};
 }
 
+// The split path of the CUDA verify (a workspace): shapes whose layouts it takes (state_dim 128,
+// head_dim a multiple of 4), with short and long windows (the window kernel's two weight paths,
+// its rounds of staged x), 1 to 8 tokens, every state dtype, groups split over window CTAs.
+std::vector<SpecRolloutConfig> split_cases() {
+  std::vector<SpecRolloutConfig> c = nemotron_cases();
+  c.push_back(config(kMamba2_2p7b, 8, 24, DT::kBFloat16, DT::kFloat16, Acceptance::kMixed));
+  c.push_back(config(kNemotronNano4b, 3, 12, DT::kFloat16, DT::kFloat32, Acceptance::kBonusOnly));
+  c.push_back(config(kNemotronH, 2, 40, DT::kBFloat16, DT::kBFloat16, Acceptance::kAll));
+  c.back().identity_rows = true;
+  for (SpecRolloutConfig& s : c) {
+    s.backend = Backend::kCuda;
+    s.workspace = true;
+  }
+  return c;
+}
+
 std::vector<SpecRolloutConfig> on_backends(const std::vector<SpecRolloutConfig>& cases,
                                            std::vector<Backend> backends) {
   std::vector<SpecRolloutConfig> all;
@@ -111,6 +127,7 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(NemotronH, SpecRolloutTest,
                          ::testing::ValuesIn(on_backends(nemotron_cases(), {Backend::kCpu, Backend::kCuda})),
                          test_name);
+INSTANTIATE_TEST_SUITE_P(Split, SpecRolloutTest, ::testing::ValuesIn(split_cases()), test_name);
 
 // The checks have teeth: a clean rollout starts failing, under the right check, as soon as one
 // cached input, one checkpoint element or one ring entry is corrupted mid-run.

@@ -1,6 +1,7 @@
 // CUDA only (skipped without a device): speculative verify + commit steps captured in one CUDA
 // graph, with a different accepted count per row and step, replayed across several flushes; the
-// graph must leave exactly what the same calls leave when run eagerly.
+// graph must leave exactly what the same calls leave when run eagerly. Without and with a
+// workspace (the split path). And the refusal of a workspace too small or misaligned.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "replayssm/error.hpp"
 #include "replayssm/mamba2_spec.hpp"
 #include "support/buffer.hpp"
 #include "support/host_tensor.hpp"
@@ -24,7 +26,7 @@ void check_cuda(cudaError_t status, const char* call) {
 }
 #define TEST_CUDA(call) check_cuda((call), #call)
 
-constexpr int64_t H = 8, P = 16, N = 32, G = 2, T = 4, L = 16, kBatch = 3, kSlots = 4, kSteps = 5;
+constexpr int64_t H = 8, P = 16, N = 128, G = 2, T = 4, L = 16, kBatch = 3, kSlots = 4, kSteps = 5;
 constexpr Device kGpu{DeviceType::kCuda, 0};
 
 Buffer random_buffer(DType dtype, int64_t count, std::mt19937_64& rng, double lo, double hi) {
@@ -41,8 +43,10 @@ Buffer int_buffer(const std::vector<int32_t>& values) {
 }
 
 // One layer's cache and a model step's window; rows 0 and 2 map to slots 2 and 0, row 1 is padding.
+// With a workspace, verify takes the split path (N = 128 is one of its layouts).
 struct SpecLayer {
-  explicit SpecLayer(uint64_t seed) : rng(seed) {
+  SpecLayer(uint64_t seed, bool with_workspace) : rng(seed) {
+    if (with_workspace) workspace = Buffer(kGpu, size_t(spec_verify_workspace_bytes(kBatch, T, H, P)));
     const int64_t R = spec_ring_len(L, T);
     state = random_buffer(DType::kFloat32, kSlots * H * P * N, rng, -1, 1);
     x_cache = random_buffer(DType::kBFloat16, kSlots * H * R * P, rng, -1, 1);
@@ -90,9 +94,18 @@ struct SpecLayer {
   // Model step s: verify, then commit the step's accepted counts.
   void step(const Buffer& accepted, int64_t s, cudaStream_t stream) const {
     const ExecOptions options{Backend::kCuda, stream};
-    spec_verify(cache(), window(), L, options);
+    spec_verify(cache(), window(), L, verify_options(stream));
     const TensorView counts = accepted.view(DType::kInt32, {kBatch}, {}, s * kBatch);
     spec_commit(cache().ring, counts, T, L, indices.view(DType::kInt32, {kBatch}), -1, options);
+  }
+
+  ExecOptions verify_options(cudaStream_t stream) const {
+    ExecOptions options{Backend::kCuda, stream};
+    if (workspace.bytes() > 0) {
+      options.workspace = workspace.view(DType::kInt8, {int64_t(workspace.bytes())});
+      options.window_kernel = WindowKernel::kSeparate;
+    }
+    return options;
   }
 
   std::vector<std::vector<uint8_t>> contents() const {
@@ -101,14 +114,16 @@ struct SpecLayer {
   }
 
   std::mt19937_64 rng;
-  Buffer state, x_cache, B_cache, dt_cache, ring, x, z, dt, B, C, A, D, dt_bias, out, indices, valid;
+  Buffer state, x_cache, B_cache, dt_cache, ring, x, z, dt, B, C, A, D, dt_bias, out, indices, valid, workspace;
 };
 
-TEST(SpecCudaGraph, ReplaysExactlyWhatTheEagerCallsDo) {
+class SpecCudaGraph : public ::testing::TestWithParam<bool> {};  // with a workspace
+
+TEST_P(SpecCudaGraph, ReplaysExactlyWhatTheEagerCallsDo) {
   REPLAYSSM_SKIP_IF_UNAVAILABLE(Backend::kCuda);
   // Accepted counts per (step, row), within each row's valid tokens {4, 1, 3}: all, bonus only, mixed.
   const Buffer accepted = int_buffer({4, 1, 1, 1, 1, 3, 2, 1, 2, 4, 1, 1, 3, 1, 3});
-  const SpecLayer eager(7), graphed(7);
+  const SpecLayer eager(7, GetParam()), graphed(7, GetParam());
   const std::vector<uint8_t> initial_state = graphed.state.download();
   cudaStream_t stream;
   TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -138,6 +153,41 @@ TEST(SpecCudaGraph, ReplaysExactlyWhatTheEagerCallsDo) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, SpecCudaGraph, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "workspace" : "fused");
+                         });
+
+// A workspace too small for the call, or misaligned, is refused with its numbers before anything
+// is written.
+TEST(SpecCudaWorkspace, TooSmallOrMisalignedIsRefusedAndNothingWritten) {
+  REPLAYSSM_SKIP_IF_UNAVAILABLE(Backend::kCuda);
+  const SpecLayer layer(11, false);
+  const int64_t needed = spec_verify_workspace_bytes(kBatch, T, H, P);
+  EXPECT_EQ(needed, 4 * kBatch * T * H * P);  // one float a (row, position, head, head_dim row)
+  const Buffer memory(kGpu, size_t(needed + 16));
+  const auto before = layer.contents();
+  auto expect_refused = [&](const TensorView& workspace, const std::string& message) {
+    ExecOptions options{Backend::kCuda, nullptr};
+    options.workspace = workspace;
+    try {
+      spec_verify(layer.cache(), layer.window(), L, options);
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(memory.view(DType::kInt8, {needed - 1}),
+                 "workspace holds " + std::to_string(needed - 1) + " bytes but batch=3, window=4, nheads=8, "
+                 "head_dim=16 need " + std::to_string(needed) + " (spec_verify_workspace_bytes)");
+  TensorView shifted = memory.view(DType::kInt8, {needed + 8});
+  shifted.data = static_cast<char*>(shifted.data) + 4;
+  shifted.shape[0] = needed;
+  expect_refused(shifted, "workspace must be 16-byte aligned");
+  TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_TRUE(layer.contents() == before) << "a refused call wrote to the cache or the output";
 }
 
 }  // namespace

@@ -217,9 +217,14 @@ ConfigTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
   });
   BENCH_CUDA_CHECK(cudaDeviceSynchronize());
 
+  // ReplaySSM gets a workspace, as for standard decode (one for every layer).
+  const Geometry& g = config.geometry;
+  const Tensor workspace(*memory, DType::kInt8,
+                         {spec_verify_workspace_bytes(config.batch, config.window, g.heads, g.head_dim)});
   ExecOptions options;
   options.backend = Backend::kCuda;
   options.cuda_stream = timer.stream;
+  options.workspace = workspace.view();
   const Graph baseline(timer.stream, [&] {
     for (int64_t s = 0; s < model.steps; ++s) model.baseline_step(s, options);
   });

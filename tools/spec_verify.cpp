@@ -193,6 +193,11 @@ int run_spec_verify(const std::vector<std::string>& argv) {
   Tensor scratch_state(*host, DType::kFloat64, {slots, g.heads, g.head_dim, g.state_dim});
   Tensor oracle_out(*host, DType::kFloat32, {batch, g.heads, g.head_dim});
   Tensor all_slots(*memory, DType::kInt32, {slots});
+  // On the CUDA backend verify gets a workspace, as in the bench: it takes the split path where
+  // the automatic choice does (large batches).
+  Tensor workspace(*memory, DType::kInt8, {spec_verify_workspace_bytes(batch, T, g.heads, g.head_dim)});
+  ExecOptions verify_options = on_device;
+  if (device == DeviceType::kCuda) verify_options.workspace = workspace.view();
   for (int64_t s = 0; s < slots; ++s) {
     std::vector<double> initial(static_cast<size_t>(n));
     for (double& e : initial) e = random.uniform(-1.0, 1.0);
@@ -228,7 +233,7 @@ int run_spec_verify(const std::vector<std::string>& argv) {
     previous_accepted.write(previous);
 
     const SpecCache cache{checkpoint.view(), x_cache.view(), B_cache.view(), dt_cache.view(), ring.view()};
-    spec_verify(cache, inputs.window(indices, out), L, on_device);
+    spec_verify(cache, inputs.window(indices, out), L, verify_options);
     Mamba2Window baseline_window = inputs.window(baseline_indices, baseline_out);
     spec_state_update(baseline_state.view(), baseline_window, previous_accepted.view(), on_device);
     spec_commit(ring.view(), accepted.view(), T, L, indices.view(), kPadSlot, on_device);

@@ -22,7 +22,7 @@ enum class Backend : int32_t {
 
 const char* backend_name(Backend backend);
 
-// Which path a CUDA replay_decode given a workspace takes.
+// Which path a CUDA replay_decode (or spec_verify) given a workspace takes.
 enum class WindowKernel : int32_t {
   kAuto,      // by the size of the call: the split path from a few CTAs per SM, where it is faster
   kFused,     // one kernel does everything, as without a workspace
@@ -33,13 +33,14 @@ enum class WindowKernel : int32_t {
 struct ExecOptions {
   Backend backend = Backend::kAuto;
   void* cuda_stream = nullptr;  // cudaStream_t the CUDA backend launches on (nullptr: default stream)
-  // Caller-owned scratch of replay_decode on the CUDA backend (other calls and backends ignore
-  // it): a contiguous 1-D device tensor of any dtype holding at least
+  // Caller-owned scratch of replay_decode and spec_verify on the CUDA backend (other calls and
+  // backends ignore it): a contiguous 1-D device tensor of any dtype holding at least
   // replay_decode_workspace_bytes(batch, nheads, head_dim) bytes, 16-byte aligned. With it
   // replay_decode can take the split path (see window_kernel), which passes each row's
   // checkpoint dot S0 . C from a lean read of the checkpoint to the kernel that does the window
   // work once per group of heads. Its contents are scratch between calls: layers can share one
-  // workspace on one stream.
+  // workspace on one stream. spec_verify (mamba2_spec.hpp) takes one of
+  // spec_verify_workspace_bytes(batch, window, nheads, head_dim) bytes the same way.
   TensorView workspace{};
   WindowKernel window_kernel = WindowKernel::kAuto;
 };

@@ -95,9 +95,16 @@ struct SpecCache {
 };
 
 // Verify step of one layer. Mutates: out (valid positions of non-pad rows); x_cache, B_cache,
-// dt_cache at the window's ring positions; state on flush rows only. Reads ring.
+// dt_cache at the window's ring positions; state on flush rows only. Reads ring. On the CUDA
+// backend, options.workspace (spec_verify_workspace_bytes) lets it take the split path, as
+// replay_decode does (ExecOptions::window_kernel): a lean read of the checkpoints of the rows that
+// do not flush, the window work and outputs of those rows once per group of heads, and the flush
+// rows.
 void spec_verify(const SpecCache& cache, const Mamba2Window& window, int64_t buffer_len,
                  const ExecOptions& options = {});
+
+// Bytes of ExecOptions::workspace that a CUDA spec_verify of this shape needs (window: T).
+int64_t spec_verify_workspace_bytes(int64_t batch, int64_t window, int64_t nheads, int64_t head_dim);
 
 // Once per model step, after every layer's verify: commits num_accepted_tokens (batch) int32 (in
 // [1, T]) of each non-pad row (state_batch_indices (batch) int32 as given to spec_verify; absent:

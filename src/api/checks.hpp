@@ -179,6 +179,24 @@ inline void require_no_aliasing(const std::vector<std::pair<const TensorView*, c
 
 inline bool host_readable(const TensorView& t) { return t.defined() && t.device.type == DeviceType::kCpu; }
 
+// The CUDA workspace (ExecOptions::workspace) of a call that needs `needed` bytes (`sizes` names
+// the call's sizes that set it, `query` the function that computes it): checked when the CUDA
+// backend runs the call, the only one that uses it. nullptr when there is none to use.
+inline float* checked_workspace(const TensorView& workspace, const DeviceCheck& same_device_as_state,
+                                Backend backend, int64_t needed, const std::string& sizes,
+                                const char* query) {
+  if (backend != Backend::kCuda || !workspace.defined()) return nullptr;
+  same_device_as_state(workspace, "workspace");
+  require_rank(workspace, "workspace", 1, "(bytes / element size), contiguous");
+  require_last_contiguous(workspace, "workspace");
+  const int64_t bytes = workspace.numel() * dtype_size(workspace.dtype);
+  if (bytes < needed) fail("workspace holds ", bytes, " bytes but ", sizes, " need ", needed, " (", query, ")");
+  if (reinterpret_cast<uintptr_t>(workspace.data) % 16 != 0)
+    fail("workspace must be 16-byte aligned, but its address ends in ",
+         int64_t(reinterpret_cast<uintptr_t>(workspace.data) % 16), " mod 16");
+  return static_cast<float*>(workspace.data);
+}
+
 // The input caches of a slot (x, B and raw dt at `positions` positions each, the buffer of
 // standard decode or the ring of speculative decoding): ranks, sizes, dtypes, contiguity.
 // `axis` names the position axis in the layouts ("L" or "R"), `positions_from` where its size

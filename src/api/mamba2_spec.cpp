@@ -1,6 +1,8 @@
 // The speculative entry points: validate, then hand the flattened call to the chosen backend.
 #include "replayssm/mamba2_spec.hpp"
 
+#include <string>
+
 #include "api/validate.hpp"
 #include "api/validate_spec.hpp"
 #include "cpu/mamba2_spec_cpu.hpp"
@@ -32,12 +34,20 @@ void spec_reset(const SpecRingParams&, void*) { unavailable(); }
 void spec_verify(const SpecCache& cache, const Mamba2Window& window, int64_t buffer_len,
                  const ExecOptions& options) {
   const Backend backend = resolve_backend(options.backend, cache.state.device);
-  const SpecVerifyParams p = validate_spec_verify(cache, window, buffer_len, backend);
+  const SpecVerifyParams p = validate_spec_verify(cache, window, buffer_len, backend, options);
   switch (backend) {
     case Backend::kReference: return reference::spec_verify(p);
     case Backend::kCuda: return device::spec_verify(p, options.cuda_stream);
     default: return cpu::spec_verify(p);
   }
+}
+
+int64_t spec_verify_workspace_bytes(int64_t batch, int64_t window, int64_t nheads, int64_t head_dim) {
+  if (batch < 0 || window < 0 || nheads < 0 || head_dim < 0)
+    throw InvalidArgument("replayssm: spec_verify_workspace_bytes(batch=" + std::to_string(batch) +
+                          ", window=" + std::to_string(window) + ", nheads=" + std::to_string(nheads) +
+                          ", head_dim=" + std::to_string(head_dim) + "): sizes must not be negative");
+  return 4 * spec_workspace_floats(batch, window, nheads, head_dim);
 }
 
 void spec_state_update(const TensorView& state, const Mamba2Window& window,

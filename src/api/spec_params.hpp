@@ -52,7 +52,15 @@ struct SpecVerifyParams : WindowParams {
   int64_t dtc_stride_slot = 0, dtc_stride_head = 0;
   const int32_t* ring = nullptr;  // (slots, 2): origin, committed
   int64_t ring_stride_slot = 2, ring_stride_field = 1;
+  // CUDA only, or nullptr: the split path's checkpoint dots S0_i . C_t of each (row, position,
+  // head) (batch, T, H, P), written by its dot kernel and read by its window kernel.
+  float* workspace = nullptr;
+  WindowKernel window_kernel = WindowKernel::kAuto;  // used with a workspace
 };
+
+constexpr int64_t spec_workspace_floats(int64_t batch, int64_t window, int64_t nheads, int64_t head_dim) {
+  return batch * window * nheads * head_dim;
+}
 
 // The baseline: state_batch_indices is (batch, T); Mamba2Params::state_batch_indices points at
 // column 0 (so slot_of_row() tells pad rows), the token stride steps along a row.

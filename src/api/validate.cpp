@@ -253,25 +253,6 @@ void validate_stochastic_rounding(const ReplayCache& c, ReplayParams& p) {
   p.flush_counts_stride = c.flush_counts.strides[0];
 }
 
-// The CUDA workspace (ExecOptions::workspace): checked when the CUDA backend runs the call, the
-// only one that uses it.
-void validate_workspace(const TensorView& workspace, const DeviceCheck& same_device_as_state,
-                        Backend backend, ReplayParams& p) {
-  if (backend != Backend::kCuda || !workspace.defined()) return;
-  same_device_as_state(workspace, "workspace");
-  require_rank(workspace, "workspace", 1, "(bytes / element size), contiguous");
-  require_last_contiguous(workspace, "workspace");
-  const int64_t bytes = workspace.numel() * dtype_size(workspace.dtype);
-  const int64_t needed = replay_decode_workspace_bytes(p.batch, p.nheads, p.head_dim);
-  if (bytes < needed)
-    fail("workspace holds ", bytes, " bytes but batch=", p.batch, ", nheads=", p.nheads,
-         ", head_dim=", p.head_dim, " need ", needed, " (replay_decode_workspace_bytes)");
-  if (reinterpret_cast<uintptr_t>(workspace.data) % 16 != 0)
-    fail("workspace must be 16-byte aligned, but its address ends in ",
-         int64_t(reinterpret_cast<uintptr_t>(workspace.data) % 16), " mod 16");
-  p.workspace = static_cast<float*>(workspace.data);
-}
-
 }  // namespace
 
 Mamba2Params validate_state_update(const TensorView& state, const Mamba2Step& s, Backend backend) {
@@ -307,7 +288,11 @@ ReplayParams validate_replay_decode(const ReplayCache& c, const Mamba2Step& s, R
 
   validate_state_scale(c, p);
   validate_stochastic_rounding(c, p);
-  validate_workspace(workspace, same_device_as_state, backend, p);
+  p.workspace = checked_workspace(
+      workspace, same_device_as_state, backend, replay_decode_workspace_bytes(p.batch, p.nheads, p.head_dim),
+      "batch=" + std::to_string(p.batch) + ", nheads=" + std::to_string(p.nheads) +
+          ", head_dim=" + std::to_string(p.head_dim),
+      "replay_decode_workspace_bytes");
 
   const TensorView no_tensor;
   require_no_aliasing({{&c.state, "state"}, {&s.out, "out"}, {&c.x_cache, "x_cache"},

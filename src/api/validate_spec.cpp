@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -256,7 +257,7 @@ int64_t spec_ring_len(int64_t buffer_len, int64_t window) {
 }
 
 SpecVerifyParams validate_spec_verify(const SpecCache& c, const Mamba2Window& w, int64_t buffer_len,
-                                      Backend backend) {
+                                      Backend backend, const ExecOptions& options) {
   SpecVerifyParams p;
   static_cast<WindowParams&>(p) = validate_window(c.state, w, backend, 1);
   p.buffer_len = buffer_len;
@@ -274,10 +275,21 @@ SpecVerifyParams validate_spec_verify(const SpecCache& c, const Mamba2Window& w,
 
   require_ring(c.ring, p.slots, "slots (state.size(0))");
 
+  const TensorView& workspace = options.workspace;
+  p.workspace = checked_workspace(
+      workspace, same_device_as_state, backend,
+      spec_verify_workspace_bytes(p.batch, p.window, p.nheads, p.head_dim),
+      "batch=" + std::to_string(p.batch) + ", window=" + std::to_string(p.window) +
+          ", nheads=" + std::to_string(p.nheads) + ", head_dim=" + std::to_string(p.head_dim),
+      "spec_verify_workspace_bytes");
+  p.window_kernel = options.window_kernel;
+
   std::vector<Named> read = window_inputs(w);
   read.push_back({&c.ring, "ring"});
+  const TensorView no_tensor;
   require_no_aliasing({{&c.state, "state"}, {&w.out, "out"}, {&c.x_cache, "x_cache"},
-                       {&c.B_cache, "B_cache"}, {&c.dt_cache, "dt_cache"}},
+                       {&c.B_cache, "B_cache"}, {&c.dt_cache, "dt_cache"},
+                       {p.workspace ? &workspace : &no_tensor, "workspace"}},
                       read);
   if (host_readable(w.state_batch_indices))
     check_slot_values(p.state_batch_indices, p.state_batch_indices_stride, p.batch, p.slots,

@@ -7,8 +7,9 @@
 
 namespace replayssm {
 
+// options: the workspace and the choice of path (CUDA only).
 SpecVerifyParams validate_spec_verify(const SpecCache& cache, const Mamba2Window& window,
-                                      int64_t buffer_len, Backend backend);
+                                      int64_t buffer_len, Backend backend, const ExecOptions& options);
 SpecBaselineParams validate_spec_state_update(const TensorView& state, const Mamba2Window& window,
                                               const TensorView& num_accepted_tokens, Backend backend);
 SpecRingParams validate_spec_commit(const TensorView& ring, const TensorView& num_accepted_tokens,

@@ -345,6 +345,28 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
   }
 }
 
+// Starts the bulk copy of `rows` state rows of each of `heads` consecutive heads (head stride
+// stride_head, row stride stride_p, rows of N elements) into `tile` (heads x rows x N): the split
+// paths' dot kernels, vectorised layouts only (wait_tile before use).
+template <typename S>
+__device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, int64_t stride_head,
+                                                      int64_t stride_p, int heads, int rows, int N,
+                                                      uint64_t* barrier) {
+  if (threadIdx.x != 0) return;
+  const unsigned row_bytes = unsigned(N * sizeof(S));
+  barrier_init(barrier);
+  barrier_expect_bytes(barrier, row_bytes * unsigned(heads * rows));
+  for (int k = 0; k < heads; ++k) {
+    S* dst = tile + k * rows * N;
+    const S* src = state + k * stride_head;
+    if (stride_p == N) {
+      bulk_copy_to_shared(dst, src, row_bytes * unsigned(rows), barrier);
+    } else {
+      for (int i = 0; i < rows; ++i) bulk_copy_to_shared(dst + i * N, src + i * stride_p, row_bytes, barrier);
+    }
+  }
+}
+
 template <typename Ly> __device__ __forceinline__ void wait_tile(uint64_t* barrier) {
   if constexpr (!Ly::kMasked) barrier_wait(barrier, 0);
 }
@@ -506,15 +528,15 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int fir
   if (lane == 0) *decay = expf(A * total[0]);
 }
 
-// window_weights of the tokens [0, count) for count <= 16, two heads at once: lanes 16 s + t take
-// token t of the head of segment s (weights and decay null: a segment without a head). The same
-// sums in the same order as window_weights, whose other lanes only add zeros for such a window:
-// the same weights to the bit.
-__device__ __forceinline__ void window_weights_16(float raw_dt, int count, float A, float bias,
+// window_weights of the tokens [first, count) for count <= 16, two heads at once: lanes 16 s + t
+// take token t of the head of segment s (weights and decay null: a segment without a head). The
+// same sums in the same order as window_weights, whose other lanes only add zeros for such a
+// window: the same weights to the bit.
+__device__ __forceinline__ void window_weights_16(float raw_dt, int first, int count, float A, float bias,
                                                   bool dt_softplus, float* weights, float* decay) {
   constexpr int kWidth = 16;
   const int t = threadIdx.x % kWidth;
-  const float dt = t < count ? effective_dt(raw_dt, bias, dt_softplus) : 0.f;
+  const float dt = t >= first && t < count ? effective_dt(raw_dt, bias, dt_softplus) : 0.f;
   float total = dt;  // becomes sum_{i>=t} dt_i
 #pragma unroll
   for (int offset = 1; offset < kWidth; offset *= 2) {
@@ -564,6 +586,53 @@ __device__ __forceinline__ void add_tokens(float (&s)[Ly::kVecsPerLane][Ly::kVec
         for (int e = 0; e < Ly::kVec; ++e) s[v][e] = fmaf(a, b[v][e], s[v][e]);
       }
     }
+  }
+}
+
+// Runs work(row, slot) for this CTA's share of the rows of a batch that selected(row) picks (it
+// returns the row's slot, or -1): those whose rank among them, in batch order, is blockIdx.y
+// modulo gridDim.y. Every thread takes part. The split paths' flush kernels take their rows so.
+template <typename Select, typename Work>
+__device__ __forceinline__ void for_each_selected_row(int batch, const Select& selected, const Work& work) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ int picked[kWarps], taken[kWarps];  // per warp of the block: selected rows, this CTA's
+  __shared__ int taken_rows[kThreads];           // this CTA's rows of the block, in order
+  __shared__ int64_t taken_slots[kThreads];
+  static_assert(sizeof(picked) + sizeof(taken) + sizeof(taken_rows) + sizeof(taken_slots) == kFlushScanBytes,
+                "the host counts this shared memory");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned below = (1u << lane) - 1u;  // the lanes before this one
+  int ranked = 0;                            // selected rows before the block
+  for (int base = 0; base < batch; base += kThreads) {
+    const int row = base + int(threadIdx.x);
+    const int64_t slot = row < batch ? selected(row) : -1;
+    const bool pick = slot >= 0;
+    const unsigned picked_lanes = __ballot_sync(kFullMask, pick);
+    if (lane == 0) picked[warp] = __popc(picked_lanes);
+    __syncthreads();
+    int rank = ranked + __popc(picked_lanes & below);
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) {
+      if (k < warp) rank += picked[k];
+      ranked += picked[k];
+    }
+    const bool mine = pick && rank % int(gridDim.y) == int(blockIdx.y);
+    const unsigned mine_lanes = __ballot_sync(kFullMask, mine);
+    if (lane == 0) taken[warp] = __popc(mine_lanes);
+    __syncthreads();
+    int position = __popc(mine_lanes & below), count = 0;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) {
+      if (k < warp) position += taken[k];
+      count += taken[k];
+    }
+    if (mine) {
+      taken_rows[position] = row;
+      taken_slots[position] = slot;
+    }
+    __syncthreads();
+    for (int m = 0; m < count; ++m) work(taken_rows[m], taken_slots[m]);
+    __syncthreads();  // before the next block's counts overwrite these
   }
 }
 

@@ -42,9 +42,30 @@ int window_rows_per_thread(const ReplayParams& p);
 // CTAs of a grid of (row, head, chunk of rows_per_cta rows).
 int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta);
 
-// Lets `kernel` take `bytes` of dynamic shared memory where that is past the default limit.
-template <typename Kernel> void allow_smem(Kernel kernel, int64_t bytes) {
-  if (bytes > kMaxSharedBytes)
+// The shape of the split paths' dot kernels (standard decode and speculative verify): whole
+// heads, as many of one group as keep the tile within kDotTileBytes, or chunks of a head
+// (multiples of the layout's batch of rows) where one head is larger. Six such CTAs an SM keep about 192 KiB of checkpoint in flight, what a read-only
+// stream needs to run at the copy bandwidth on an H200 (notes/cuda.md, v11).
+constexpr int64_t kDotTileBytes = 32 * 1024;
+struct DotShape {
+  int heads, rows;
+};
+inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout) {
+  const int64_t row_bytes = p.state_dim * state_bytes;
+  if (p.head_dim * row_bytes > kDotTileBytes) {
+    const int64_t rows = kDotTileBytes / row_bytes / layout.batch_rows * layout.batch_rows;
+    return {1, int(rows > layout.batch_rows ? rows : layout.batch_rows)};
+  }
+  int64_t heads = 1;
+  while (p.heads_per_group % (2 * heads) == 0 && 2 * heads * p.head_dim * row_bytes <= kDotTileBytes)
+    heads *= 2;
+  return {int(heads), int(p.head_dim)};
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory where that, with its `static_bytes` of static
+// shared memory, is past the default limit.
+template <typename Kernel> void allow_smem(Kernel kernel, int64_t bytes, int64_t static_bytes = 0) {
+  if (bytes + static_bytes > kMaxSharedBytes)
     REPLAYSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 

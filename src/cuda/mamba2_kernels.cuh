@@ -110,20 +110,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   if (slot < 0) return;
   const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                    first_head * p.state_stride_head + first * p.state_stride_p;
-  if (threadIdx.x == 0) {
-    const unsigned row_bytes = unsigned(N * sizeof(S));
-    barrier_init(barrier);
-    barrier_expect_bytes(barrier, row_bytes * unsigned(heads_per_cta * rows));
-    for (int k = 0; k < heads_per_cta; ++k) {
-      S* dst = tile + k * rows * N;
-      const S* src = state + k * p.state_stride_head;
-      if (p.state_stride_p == N) {
-        bulk_copy_to_shared(dst, src, row_bytes * unsigned(rows), barrier);
-      } else {
-        for (int i = 0; i < rows; ++i) bulk_copy_to_shared(dst + i * N, src + i * p.state_stride_p, row_bytes, barrier);
-      }
-    }
-  }
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, heads_per_cta, rows, N, barrier);
   float c[Ly::kVecsPerLane][Ly::kVec];
   load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                      first_head / int(p.heads_per_group) * p.C_stride_group,
@@ -253,7 +240,7 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     for (int half = 0; half < 2; ++half)
       if (pass_token(half) == cursor) raw_dt[q][half] = raw_now_s[k_s];
     if (short_window)
-      window_weights_16(raw_dt[q][0], count, A_s[k_s], bias_s[k_s], p.dt_softplus,
+      window_weights_16(raw_dt[q][0], 0, count, A_s[k_s], bias_s[k_s], p.dt_softplus,
                         has_head ? coef[kq] : nullptr, has_head ? &decay[kq] : nullptr);
     else
       window_weights(raw_dt[q], 0, cursor, A_s[kq], bias_s[kq], p.dt_softplus, coef[kq], &decay[kq]);
@@ -612,52 +599,6 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   }
 }
 
-// Runs work(row, slot) for this CTA's share of the batch's flush rows (cursor L - 1): those whose
-// rank among them, in batch order, is blockIdx.y modulo gridDim.y. Every thread takes part.
-template <typename Work>
-__device__ __forceinline__ void for_each_flush_row(const ReplayParams& p, const Work& work) {
-  constexpr int kWarps = kThreads / 32;
-  __shared__ int flushes[kWarps], taken[kWarps];  // per warp of the block: flush rows, this CTA's
-  __shared__ int taken_rows[kThreads];            // this CTA's flush rows of the block, in order
-  __shared__ int64_t taken_slots[kThreads];
-  static_assert(sizeof(flushes) + sizeof(taken) + sizeof(taken_rows) + sizeof(taken_slots) == kFlushScanBytes,
-                "the host counts this shared memory");
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const unsigned below = (1u << lane) - 1u;  // the lanes before this one
-  int ranked = 0;                            // flush rows before the block
-  for (int base = 0; base < p.batch; base += kThreads) {
-    const int row = base + int(threadIdx.x);
-    const int64_t slot = row < p.batch ? device_slot(p, row) : -1;
-    const bool flush = slot >= 0 && load_one(p.cursors + slot * p.cursors_stride) == p.buffer_len - 1;
-    const unsigned flush_lanes = __ballot_sync(kFullMask, flush);
-    if (lane == 0) flushes[warp] = __popc(flush_lanes);
-    __syncthreads();
-    int rank = ranked + __popc(flush_lanes & below);
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) {
-      if (k < warp) rank += flushes[k];
-      ranked += flushes[k];
-    }
-    const bool mine = flush && rank % int(gridDim.y) == int(blockIdx.y);
-    const unsigned mine_lanes = __ballot_sync(kFullMask, mine);
-    if (lane == 0) taken[warp] = __popc(mine_lanes);
-    __syncthreads();
-    int position = __popc(mine_lanes & below), count = 0;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) {
-      if (k < warp) position += taken[k];
-      count += taken[k];
-    }
-    if (mine) {
-      taken_rows[position] = row;
-      taken_slots[position] = slot;
-    }
-    __syncthreads();
-    for (int m = 0; m < count; ++m) work(taken_rows[m], taken_slots[m]);
-    __syncthreads();  // before the next block's counts overwrite these
-  }
-}
-
 // ReplaySSM standard decode: one (row, head, chunk) per CTA (replay_rows).
 template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(const ReplayParams p,
@@ -688,7 +629,11 @@ __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) replay_flush_ker
                                                                      int rows_per_cta,
                                                                      bool output_only) {
   extern __shared__ __align__(128) unsigned char smem[];
-  for_each_flush_row(p, [&](int row, int64_t slot) {
+  const auto flush_slot = [&](int row) -> int64_t {
+    const int64_t slot = device_slot(p, row);
+    return slot >= 0 && load_one(p.cursors + slot * p.cursors_stride) == p.buffer_len - 1 ? slot : -1;
+  };
+  for_each_selected_row(int(p.batch), flush_slot, [&](int row, int64_t slot) {
     replay_rows<S, Act, kKind, false, true>(
         p, cta_work(p, rows_per_cta, row), slot, [&] { return int(p.buffer_len) - 1; }, rows_per_cta,
         output_only, smem);

@@ -39,26 +39,6 @@ void launch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_p
   REPLAYSSM_CUDA_CHECK(cudaGetLastError());
 }
 
-// The shape of the split path's dot kernel: whole heads, as many of one group as keep the tile
-// within kDotTileBytes, or chunks of a head (multiples of the layout's batch of rows) where one
-// head is larger. Six such CTAs an SM keep about 192 KiB of checkpoint in flight, what a read-only
-// stream needs to run at the copy bandwidth on an H200 (notes/cuda.md, v11).
-constexpr int64_t kDotTileBytes = 32 * 1024;
-struct DotShape {
-  int heads, rows;
-};
-inline DotShape dot_shape(const ReplayParams& p, int64_t state_bytes, const RowLayout& layout) {
-  const int64_t row_bytes = p.state_dim * state_bytes;
-  if (p.head_dim * row_bytes > kDotTileBytes) {
-    const int64_t rows = kDotTileBytes / row_bytes / layout.batch_rows * layout.batch_rows;
-    return {1, int(rows > layout.batch_rows ? rows : layout.batch_rows)};
-  }
-  int64_t heads = 1;
-  while (p.heads_per_group % (2 * heads) == 0 && 2 * heads * p.head_dim * row_bytes <= kDotTileBytes)
-    heads *= 2;
-  return {int(heads), int(p.head_dim)};
-}
-
 template <typename S, typename Act>
 void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
                           int flush_rows_per_cta, cudaStream_t stream) {

@@ -13,6 +13,9 @@ namespace {
 
 // Whole heads per CTA unless that leaves fewer than this many CTAs per SM, as in standard decode.
 constexpr int64_t kTargetCtasPerSm = 16;
+// The split path (a workspace, WindowKernel::kAuto) from this many verify CTAs per SM, as in
+// standard decode (mamba2_cuda.cu): below, the latency of three launches is not hidden.
+constexpr int64_t kSplitMinCtasPerSm = 12;
 constexpr int kRingThreads = 256;
 
 // The layout of standard decode (launch_shape.hpp), kept only if the window's token strides of B
@@ -37,9 +40,33 @@ bool x_slices(const SpecVerifyParams& p, int rows_per_cta) {
          aligned(p.x_cache, a, 16, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos});
 }
 
+// The split path needs the caller's workspace and a vectorised layout; its window kernel moves x,
+// z, the cached x and the outputs in packs of kSpecWindowRows head_dim rows and B in pieces of 4
+// elements, and its flush kernel's window must fit shared memory.
+bool uses_split_path(const SpecVerifyParams& p, RowLayoutKind kind, int rows_per_cta) {
+  if (!p.workspace || kind == RowLayoutKind::kGeneric || p.window_kernel == WindowKernel::kFused) return false;
+  if (p.window_kernel == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kSplitMinCtasPerSm * sm_count())
+    return false;
+  const int64_t a = dtype_size(p.act_dtype), pack = kSpecWindowRows * a;
+  const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRows);
+  return p.head_dim % kSpecWindowRows == 0 && heads > 0 &&
+         aligned(p.x, a, pack, {p.x_stride_batch, p.x_stride_token, p.x_stride_head}) &&
+         (!p.z || aligned(p.z, a, pack, {p.z_stride_batch, p.z_stride_token, p.z_stride_head})) &&
+         aligned(p.out, a, pack, {p.out_stride_batch, p.out_stride_token, p.out_stride_head}) &&
+         aligned(p.x_cache, a, pack, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos}) &&
+         aligned(p.B, a, 4 * a, {p.B_stride_batch, p.B_stride_token, p.B_stride_group}) &&
+         aligned(p.B_cache, a, 4 * a, {p.Bc_stride_slot, p.Bc_stride_group, p.Bc_stride_pos});
+}
+
+// rows: the fused kernel's rows per CTA; the split path's flush kernel takes whole heads where
+// its shared memory allows.
 template <typename S, typename Act> struct Verify {
   static void run(const SpecVerifyParams& p, RowLayoutKind k, int rows, cudaStream_t s) {
-    launch_spec_verify<S, Act>(p, k, rows, x_slices(p, rows), s);
+    if (!uses_split_path(p, k, rows)) return launch_spec_verify<S, Act>(p, k, rows, x_slices(p, rows), s);
+    const int flush_rows = rows_per_cta_for(p, k, 0, 0, kSpecMaxSharedBytes, [&](int64_t r) {
+      return spec_verify_smem_bytes(p, k, r);
+    });
+    launch_spec_split<S, Act>(p, k, flush_rows, x_slices(p, flush_rows), s);
   }
 };
 template <typename S, typename Act> struct Baseline {

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -72,12 +73,11 @@ __device__ __forceinline__ void transposed_sums(float (&v)[kValues], int lane) {
 // The outputs of a batch of rows. y[t * kRows + k]: this lane's part of output t of row k of its
 // row group; out_t[i] = (scale_t sum + add_t[i]) * silu(z_t[i]) for the n valid positions, with
 // scale_t = scale[t] (or 1) and add, z (T, rows_per_cta) in shared memory.
-template <typename Ly, typename Act>
+template <typename Ly, typename Act, int kValues>
 __device__ __forceinline__ void store_window_outputs(const WindowParams& p, const CtaWork& w,
-                                                     float (&y)[kMaxSpecWindow * Ly::kRows], int n,
+                                                     float (&y)[kValues], int n,
                                                      int batch, int group, int lane, int rows_per_cta,
                                                      const float* scale, const float* add, const float* z) {
-  constexpr int kValues = kMaxSpecWindow * Ly::kRows;
   transposed_sums<Ly::kLanes, kValues>(y, lane);
   // With fewer values than lanes, kLanes / kValues lanes hold each sum; the first writes it.
   if (kValues < Ly::kLanes && lane % (Ly::kLanes / kValues) != 0) return;
@@ -96,18 +96,55 @@ __device__ __forceinline__ void store_window_outputs(const WindowParams& p, cons
   }
 }
 
-// ReplaySSM verify. Token j of a row: j < c the committed inputs in the ring, then the window's
-// n tokens. Output t sees tokens [first, c + t], where first = c on a flush row (whose checkpoint
-// absorbs the committed inputs first) and 0 otherwise:
+// The sums of a batch of rows for each position of a window (y[t * kRows + k]: this lane's part
+// of position t of row k of its row group) into the split path's workspace: dots[t * t_stride + i]
+// for the n valid positions and the rows i below `rows`.
+template <typename Ly, int kValues>
+__device__ __forceinline__ void store_dots(float* dots, int64_t t_stride, float (&y)[kValues], int n, int rows,
+                                           int batch, int group, int lane) {
+  transposed_sums<Ly::kLanes, kValues>(y, lane);
+  if (kValues < Ly::kLanes && lane % (Ly::kLanes / kValues) != 0) return;
+#pragma unroll
+  for (int h = 0; h < held_sums<Ly::kLanes, kValues>(); ++h) {
+    const int value = held_value<Ly::kLanes, kValues>(lane, h);
+    const int t = value / Ly::kRows, i = chunk_row<Ly>(batch, value % Ly::kRows, group);
+    if (t < n && i < rows) dots[t * t_stride + i] = y[h];
+  }
+}
+
+// A verify row's ring and window as every kernel of a verify sees them: valid when the ring and
+// the row's token count are in range (a corrupt row is skipped, touching nothing); flush per
+// spec_flushes.
+struct VerifyRow {
+  int origin, committed, tokens;
+  bool valid, flush;
+};
+__device__ __forceinline__ VerifyRow verify_row(const SpecVerifyParams& p, int row, int64_t slot) {
+  const int T = int(p.window), L = int(p.buffer_len);
+  const int32_t* ring = p.ring + slot * p.ring_stride_slot;
+  VerifyRow r;
+  r.origin = load_one(ring);
+  r.committed = load_one(ring + p.ring_stride_field);
+  r.tokens = p.num_valid_tokens ? load_one(p.num_valid_tokens + row * p.num_valid_tokens_stride) : T;
+  r.valid = r.origin >= 0 && r.origin < p.ring_len && r.committed >= 0 && r.committed <= L - T &&
+            r.tokens >= 1 && r.tokens <= T;
+  r.flush = r.valid && spec_flushes(r.committed, T, L);
+  return r;
+}
+
+// ReplaySSM verify of one CTA's (row, head, chunk). Token j of a row: j < c the committed inputs
+// in the ring, then the window's n tokens. Output t sees tokens [first, c + t], where first = c on
+// a flush row (whose checkpoint absorbs the committed inputs first) and 0 otherwise:
 //   y_t = decay_t (S C_t) + hist_t,  hist_t = sum_j weight_{j,t} (B_j . C_t) x_j + D x_{c+t}
 // The window work (hist, weights, B_j . C_t) is done once per CTA while the tile is in flight;
 // the row loop then only forms the dot products S C_t (and, on a flush row, the folded state).
-template <typename S, typename Act, RowLayoutKind kKind>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(const SpecVerifyParams p,
-                                                                            int rows_per_cta,
-                                                                            bool x_slices) {
+// kFoldOnly (the split path's flush kernel, flush rows only): only the fold and the dots S C_t of
+// the folded state, into the workspace; the window kernel forms the outputs and appends the
+// window to the ring. kMaxT: T rounded up to 4 or 8 (the sums held in registers).
+template <typename S, typename Act, RowLayoutKind kKind, bool kFoldOnly, int kMaxT>
+__device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const CtaWork& w, int64_t slot,
+                                            int rows_per_cta, bool x_slices, unsigned char* smem) {
   using Ly = Layout<S, kKind>;
-  extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int64_t N = p.state_dim;
   const int T = int(p.window), L = int(p.buffer_len), mask = int(p.ring_len) - 1;
@@ -125,24 +162,21 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
   float* x_s = floats + layout.x;
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const int warp = threadIdx.x / 32;
-  const CtaWork w = cta_work(p, rows_per_cta);
-  const int64_t slot = device_slot(p, w.row);
-  if (slot < 0) return;
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + w.head * p.state_stride_head +
              w.first * p.state_stride_p;  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
-  const int32_t* ring = p.ring + slot * p.ring_stride_slot;
-  const int origin = load_one(ring), c = load_one(ring + p.ring_stride_field);
-  const int n = p.num_valid_tokens ? load_one(p.num_valid_tokens + w.row * p.num_valid_tokens_stride) : T;
+  const VerifyRow r = verify_row(p, w.row, slot);
+  const int origin = r.origin, c = r.committed, n = r.tokens;
   const float A = head_value(p.A, w.head, 0.f), bias = head_value(p.dt_bias, w.head, 0.f);
   const float D = head_value(p.D, w.head, 0.f);
-  if (origin < 0 || origin > mask || c < 0 || c > L - T || n < 1 || n > T) {  // corrupt: touch nothing
+  if (!r.valid) {            // corrupt: touch nothing
     wait_tile<Ly>(barrier);  // (after the copy into this CTA's shared memory has landed)
     return;
   }
-  const bool flush = spec_flushes(c, T, L);
+  const bool flush = r.flush;
   const int first = flush ? c : 0, count = c + n;
+  const int staged = kFoldOnly ? c : count;  // the tokens whose B and x are staged
 
   // Token j's inputs: the ring below c, the window from c on.
   const int g = w.group;
@@ -169,14 +203,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int j = threadIdx.x % 32 + 32 * h;
-    raw_dt[h] = j < count ? raw_dt_of(j) : 0.f;
+    raw_dt[h] = j < staged ? raw_dt_of(j) : 0.f;
   }
   // B: one token per row group at a time, in the layout's slices (16-byte or 8-byte accesses on
   // the vectorised layouts, whose alignment the host checked). Each thread issues all of its
   // loads of a stage before its first store: the stores could alias the loads for all the
   // compiler knows, which would serialise one memory round trip a token.
-  const bool appends_B = w.chunk == 0 && w.head == g * int(p.heads_per_group);
-  for (int j = group; j < count; j += Ly::kRowGroups) {
+  const bool appends_B = !kFoldOnly && w.chunk == 0 && w.head == g * int(p.heads_per_group);
+  const bool appends_x = !kFoldOnly;
+  for (int j = group; j < staged; j += Ly::kRowGroups) {
     Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
     load_slice_packs<Ly>(B_of(j), lane, N, b);
     Act* appended = appends_B && j >= c ? B_ring + position(j) * p.Bc_stride_pos : nullptr;
@@ -190,12 +225,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
     }
   }
   for (int k = threadIdx.x; k < N; k += kThreads) {
-    Act v[kMaxSpecWindow];
+    Act v[kMaxT];
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t)
+    for (int t = 0; t < kMaxT; ++t)
       if (t < n) v[t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t)
+    for (int t = 0; t < kMaxT; ++t)
       if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
   }
   // x of every token for the chunk's rows. With x_slices (the host checked 16-byte alignment of
@@ -210,50 +245,55 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
     const int vectors = rows_per_cta / kXVec, tokens_per_pass = kThreads / vectors;
     const int i = threadIdx.x % vectors * kXVec;
     if (i < w.rows && int(threadIdx.x) < tokens_per_pass * vectors) {
-      for (int j = threadIdx.x / vectors; j < count; j += tokens_per_pass) {
+      for (int j = threadIdx.x / vectors; j < staged; j += tokens_per_pass) {
         const Pack<Act, kXVec> v = load_pack<Act, kXVec>(x_of(j) + i);
 #pragma unroll
         for (int e = 0; e < kXVec; ++e) x_s[j * pitch + i + e] = to_float(v.v[e]);
-        if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos + i, v);
+        if (appends_x && j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos + i, v);
       }
     }
   } else if (stages_x) {
-    for (int j0 = x_first; j0 < count; j0 += kStagedTokens * x_step) {
+    for (int j0 = x_first; j0 < staged; j0 += kStagedTokens * x_step) {
       Act v[kStagedTokens];
 #pragma unroll
       for (int u = 0; u < kStagedTokens; ++u)
-        if (j0 + u * x_step < count) v[u] = load_one(x_of(j0 + u * x_step) + x_row);
+        if (j0 + u * x_step < staged) v[u] = load_one(x_of(j0 + u * x_step) + x_row);
 #pragma unroll
       for (int u = 0; u < kStagedTokens; ++u) {
         const int j = j0 + u * x_step;
-        if (j >= count) break;
+        if (j >= staged) break;
         x_s[j * pitch + x_row] = to_float(v[u]);
-        if (j >= c) x_ring[position(j) * p.xc_stride_pos + x_row] = v[u];
+        if (appends_x && j >= c) x_ring[position(j) * p.xc_stride_pos + x_row] = v[u];
       }
     }
   }
-  if (p.z && int(threadIdx.x) < w.rows) {
+  if (!kFoldOnly && p.z && int(threadIdx.x) < w.rows) {
     const int64_t z_offset = w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + threadIdx.x;
-    Act v[kMaxSpecWindow];
+    Act v[kMaxT];
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t)
+    for (int t = 0; t < kMaxT; ++t)
       if (t < n) v[t] = load_one(token<Act>(p.z, z_offset, t, p.z_stride_token));
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t)
+    for (int t = 0; t < kMaxT; ++t)
       if (t < n) z_s[t * rows_per_cta + threadIdx.x] = to_float(v[t]);
   }
-  if (w.chunk == 0 && int(threadIdx.x) < n) dt_ring[position(c + threadIdx.x)] = raw_dt_of(c + threadIdx.x);
+  if (!kFoldOnly && w.chunk == 0 && int(threadIdx.x) < n)
+    dt_ring[position(c + threadIdx.x)] = raw_dt_of(c + threadIdx.x);
   // Warp u % kWarps: the weights of output u over [first, c + u], and after the outputs, on a
   // flush row, those of the committed inputs [0, c) that the fold adds to the checkpoint.
-  for (int u = warp; u < n + (flush ? 1 : 0); u += kWarps) {
+  for (int u = (kFoldOnly ? n : 0) + warp; u < n + (flush ? 1 : 0); u += kWarps) {
     if (u < n) window_weights(raw_dt, first, c + u, A, bias, p.dt_softplus, coef + u * kMaxBufferLen, decay + u);
     else window_weights(raw_dt, 0, c - 1, A, bias, p.dt_softplus, fold, decay + kMaxSpecWindow);
   }
   __syncthreads();
 
+  // On a flush row, the fold's weights into the committed inputs' staged x: weight_j x_j[i].
+  if (flush && stages_x) {
+    for (int j = x_first; j < c; j += x_step) x_s[j * pitch + x_row] *= fold[j];
+  }
   // The history coefficients: coef[t][j] = weight_{j,t} (B_j . C_t), one token per row group at a
   // time.
-  for (int j0 = first; j0 < count; j0 += Ly::kRowGroups) {
+  for (int j0 = first; !kFoldOnly && j0 < count; j0 += Ly::kRowGroups) {
     const int j = j0 + group;
     float b[Ly::kVecsPerLane][Ly::kVec];
     shared_slice<Ly>(B_s + min(j, count - 1) * N, lane, N, b);
@@ -267,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
   }
   __syncthreads();
   // hist[t][i], one (row, output) pair per thread at a time.
-  if (stages_x) {
+  if (!kFoldOnly && stages_x) {
     for (int t = x_first; t < n; t += x_step) {
       const float* coef_t = coef + t * kMaxBufferLen;
       float sum = D * x_s[(c + t) * pitch + x_row];
@@ -298,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
 #pragma unroll
         for (int k = 0; k < Ly::kRows; ++k) {
           const int i = chunk_row<Ly>(batch, k, group);
-          state_step<Ly>(s[k], 1.f, i < w.rows ? fold[j] * x_s[j * pitch + i] : 0.f, b);
+          state_step<Ly>(s[k], 1.f, i < w.rows ? x_s[j * pitch + i] : 0.f, b);
         }
       }
 #pragma unroll
@@ -307,16 +347,335 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
         if (i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s[k], lane, N);
       }
     }
-    float y[kMaxSpecWindow * Ly::kRows];
+    float y[kMaxT * Ly::kRows];
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) {
+    for (int t = 0; t < kMaxT; ++t) {
       float c_t[Ly::kVecsPerLane][Ly::kVec];
       if (t < n) shared_slice<Ly>(C_s + t * N, lane, N, c_t);
 #pragma unroll
       for (int k = 0; k < Ly::kRows; ++k) y[t * Ly::kRows + k] = t < n ? slice_dot<Ly>(s[k], c_t) : 0.f;
     }
-    store_window_outputs<Ly, Act>(p, w, y, n, batch, group, lane, rows_per_cta, decay, hist,
-                                  p.z ? z_s : nullptr);
+    if constexpr (kFoldOnly)
+      store_dots<Ly>(p.workspace + (int64_t(w.row) * T * p.nheads + w.head) * p.head_dim + w.first,
+                     p.nheads * p.head_dim, y, n, w.rows, batch, group, lane);
+    else
+      store_window_outputs<Ly, Act>(p, w, y, n, batch, group, lane, rows_per_cta, decay, hist,
+                                    p.z ? z_s : nullptr);
+  }
+}
+
+// ReplaySSM verify in one kernel: every row (verify_rows).
+template <typename S, typename Act, RowLayoutKind kKind>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(const SpecVerifyParams p,
+                                                                            int rows_per_cta,
+                                                                            bool x_slices) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const CtaWork w = cta_work(p, rows_per_cta);
+  const int64_t slot = device_slot(p, w.row);
+  if (slot < 0) return;
+  verify_rows<S, Act, kKind, false, kMaxSpecWindow>(p, w, slot, rows_per_cta, x_slices, smem);
+}
+
+// ---- The split path (a workspace, vectorised layouts), as in standard decode ----------------------
+//
+// 1. dot_kernel: a lean read of the checkpoints of the rows that do not flush, S0_i . C_t into
+//    the workspace;
+// 2. flush_kernel, its programmatic dependent: the flush rows' fold (verify_rows, kFoldOnly) and
+//    the dots S_i . C_t of the folded checkpoints into the workspace;
+// 3. window_kernel, the flush kernel's programmatic dependent: every row's window work once per
+//    (row, heads of one group), the appends to the ring and the outputs from the dots.
+// The first two touch disjoint rows and run side by side; each kernel waits for the one before it
+// only where it reads its results (the window kernel, for the dots) or at its exit, so that the
+// last one's completion implies every one's.
+
+// The split path's second kernel: the flush rows only, taken by rank over a grid of a share of the
+// batch. Its registers are capped for four CTAs an SM with every state type, as the fused kernel's
+// are for an fp32 state.
+constexpr int kFlushMinCtasPerSm = 4;
+template <typename S, typename Act, RowLayoutKind kKind, int kMaxT>
+__global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) flush_kernel(const SpecVerifyParams p,
+                                                                           int rows_per_cta,
+                                                                           bool x_slices) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  allow_dependent_launch();  // the window kernel may start its window work now
+  const auto flush_slot = [&](int row) -> int64_t {
+    const int64_t slot = device_slot(p, row);
+    return slot >= 0 && verify_row(p, row, slot).flush ? slot : -1;
+  };
+  for_each_selected_row(int(p.batch), flush_slot, [&](int row, int64_t slot) {
+    verify_rows<S, Act, kKind, true, kMaxT>(p, cta_work(p, rows_per_cta, row), slot, rows_per_cta, x_slices, smem);
+    __syncthreads();  // every thread is done with the tile: the barrier can be set up again
+    if (threadIdx.x == 0) barrier_inval(reinterpret_cast<uint64_t*>(smem));
+  });
+  wait_for_prior_kernel();
+}
+
+// Registers of the dot kernel capped for six CTAs an SM, as standard decode's (dot_shape).
+constexpr int kDotMinCtasPerSm = 6;
+
+// The split path's first kernel: the dots S0_i . C_t of `rows` head_dim rows from `first` of
+// heads_per_cta heads of one group per CTA, for each valid position t of the window, into the
+// workspace (batch, T, H, P). Flush rows (a third of the rows at T = 4, L = 16 with every draft
+// accepted) return at once: their checkpoints are the flush kernel's. kMaxT: T rounded up to 4
+// or 8 (the sums held in registers).
+template <typename S, typename Act, RowLayoutKind kKind, int kMaxT>
+__global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const SpecVerifyParams p,
+                                                                         int heads_per_cta, int rows) {
+  using Ly = Layout<S, kKind>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  allow_dependent_launch();  // the flush kernel's CTAs may start beside this kernel's
+  uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
+  const int N = int(p.state_dim), P = int(p.head_dim), H = int(p.nheads), T = int(p.window);
+  S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
+  float* C_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(heads_per_cta * rows, N, sizeof(S)));  // (T, N)
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
+  const int chunks = (P + rows - 1) / rows;
+  const int first_head = int(blockIdx.x) / chunks * heads_per_cta;
+  const int first = int(blockIdx.x) % chunks * rows;
+  rows = min(rows, P - first);
+  const int row = int(blockIdx.y);
+  const int64_t slot = device_slot(p, row);
+  if (slot < 0) return;
+  const VerifyRow r = verify_row(p, row, slot);
+  if (!r.valid || r.flush) return;
+  const int n = r.tokens;
+  start_heads_tile_load(static_cast<S*>(tile),
+                        static_cast<const S*>(p.state) + slot * p.state_stride_slot +
+                            first_head * p.state_stride_head + first * p.state_stride_p,
+                        p.state_stride_head, p.state_stride_p, heads_per_cta, rows, N, barrier);
+  const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
+                 first_head / int(p.heads_per_group) * p.C_stride_group;
+  for (int k = threadIdx.x; k < N; k += kThreads) {
+    Act v[kMaxT];
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t)
+      if (t < n) v[t] = load_one(C + t * p.C_stride_token + k);
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t)
+      if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
+  }
+  wait_tile_all<Ly>(barrier);
+
+  const int batches = (rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
+  for (int k = 0; k < heads_per_cta; ++k) {
+    float* dots = p.workspace + (int64_t(row) * T * H + first_head + k) * P + first;  // (T, H, P) from here
+    for (int batch = 0; batch < batches; ++batch) {
+      float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
+#pragma unroll
+      for (int q = 0; q < Ly::kRows; ++q)
+        tile_row<S, Ly>(tile + k * rows * N, chunk_row<Ly>(batch, q, group), rows, lane, N, s[q]);
+      float y[kMaxT * Ly::kRows];
+#pragma unroll
+      for (int t = 0; t < kMaxT; ++t) {
+        float c_t[Ly::kVecsPerLane][Ly::kVec];
+        if (t < n) shared_slice<Ly>(C_s + t * N, lane, N, c_t);
+#pragma unroll
+        for (int q = 0; q < Ly::kRows; ++q) y[t * Ly::kRows + q] = t < n ? slice_dot<Ly>(s[q], c_t) : 0.f;
+      }
+      store_dots<Ly>(dots, int64_t(H) * P, y, n, rows, batch, group, lane);
+    }
+  }
+}
+
+// The split path's third kernel, launched as the flush kernel's programmatic dependent: the window
+// work and the outputs of every row, once per (batch row, up to heads_per_cta heads of one group).
+// Output t of a row sees the tokens [first, c + t] (first = c on a flush row, whose dots come from
+// its folded checkpoint, else 0). Thread u takes kSpecWindowRows consecutive head_dim rows of one
+// head (x, cached x, dots and outputs move in packs). Before it waits for the kernels before it, it
+// appends the window's x, B and raw dt to the ring and forms, per head and output t, the decay and
+// each row's
+//   hist_t = sum_{first <= j <= c+t} weight_{j,t} (B_j . C_t) x_j + D x_{c+t},
+// then out_t = (decay_t dot_t + hist_t) silu(z_t).
+template <typename Act, int kMaxT>
+__global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVerifyParams p, int heads_per_cta) {
+  __shared__ float bc[kMaxSpecWindow][kMaxBufferLen];  // B_j . C_t
+  __shared__ float decay[kMaxWindowHeads][kMaxSpecWindow], A_s[kMaxWindowHeads], bias_s[kMaxWindowHeads],
+      D_s[kMaxWindowHeads];
+  static_assert(sizeof(bc) + sizeof(decay) + sizeof(A_s) + sizeof(bias_s) + sizeof(D_s) == kSpecWindowStaticBytes,
+                "the host counts this shared memory");
+  extern __shared__ __align__(16) unsigned char window_smem[];  // spec_window_smem
+  constexpr int kRows = kSpecWindowRows;
+  using Rows = Pack<Act, kRows>;
+  const int warps = int(blockDim.x) / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim), H = int(p.nheads);
+  const int T = int(p.window), L = int(p.buffer_len), mask = int(p.ring_len) - 1;
+  const int chunks = (hpg + heads_per_cta - 1) / heads_per_cta;
+  const int g = int(blockIdx.x) / chunks;
+  const int first_head = g * hpg + (int(blockIdx.x) % chunks) * heads_per_cta;
+  const int heads = min(heads_per_cta, (g + 1) * hpg - first_head);
+  const int row = int(blockIdx.y);
+  const int64_t slot = device_slot(p, row);
+  if (slot < 0) return;
+  const VerifyRow r = verify_row(p, row, slot);
+  if (!r.valid) return;
+  const int c = r.committed, n = r.tokens, count = c + n, first = r.flush ? c : 0;
+  auto position = [&](int j) { return (r.origin + j) & mask; };
+  const SpecWindowSmem layout = spec_window_smem(blockDim.x, heads_per_cta, T, L, N);
+  float* coef = reinterpret_cast<float*>(window_smem) + layout.coef;      // (heads, T, coef_stride)
+  float* C_s = reinterpret_cast<float*>(window_smem) + layout.C;          // (T, N)
+  float* raw_dt_s = reinterpret_cast<float*>(window_smem) + layout.raw_dt;  // (heads, L)
+
+  // This thread's rows: head k, rows [i, i + kRows); their x of every token from `first` copied
+  // into shared memory (kStaged tokens a round, no registers held), in flight with the window's
+  // other loads.
+  const int per_head = P / kRows;
+  const int k = int(threadIdx.x) / per_head, i = (int(threadIdx.x) - k * per_head) * kRows;
+  const bool has_rows = k < heads;
+  const int h = first_head + k;
+  Act* x_ring = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
+  const Act* x_window = static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i;
+  auto x_of = [&](int j) { return j < c ? x_ring + position(j) * p.xc_stride_pos : x_window + (j - c) * p.x_stride_token; };
+  constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));
+  Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // round token u: [u * blockDim.x]
+  auto stage_x = [&](int round_first) {
+#pragma unroll
+    for (int u = 0; u < kStaged; ++u)
+      if (round_first + u < count) copy_pack_async(x_staged + u * blockDim.x, x_of(round_first + u));
+  };
+  if (has_rows) stage_x(first);
+
+  // Each head's scalars; the raw dt of the tokens of every head (the window's appended).
+  if (int(threadIdx.x) < heads) {
+    const int hq = first_head + int(threadIdx.x);
+    A_s[threadIdx.x] = head_value(p.A, hq, 0.f);
+    bias_s[threadIdx.x] = head_value(p.dt_bias, hq, 0.f);
+    D_s[threadIdx.x] = head_value(p.D, hq, 0.f);
+  }
+  const int span = count - first;  // the tokens the outputs see
+  for (int e = threadIdx.x; e < heads * span; e += blockDim.x) {
+    const int kq = e / span, j = first + e - kq * span;
+    float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head;
+    float raw;
+    if (j < c) {
+      raw = __ldg(dt_ring + position(j));
+    } else {
+      raw = load_as<float>(p.dt, p.dt_dtype,
+                           row * p.dt_stride_batch + (j - c) * p.dt_stride_token + (first_head + kq) * p.dt_stride_head);
+      dt_ring[position(j)] = raw;
+    }
+    raw_dt_s[kq * L + j] = raw;
+  }
+  // The window's C, widened; the group's first head appends the window's B.
+  const Act* C_window = static_cast<const Act*>(p.C) + row * p.C_stride_batch + g * p.C_stride_group;
+  const Act* B_window = static_cast<const Act*>(p.B) + row * p.B_stride_batch + g * p.B_stride_group;
+  Act* B_ring = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + g * p.Bc_stride_group;
+  const bool appends_B = first_head == g * hpg;
+  for (int e = threadIdx.x; e < n * N; e += blockDim.x) {
+    const int t = e / N, m = e - t * N;
+    C_s[e] = to_float(load_one(C_window + t * p.C_stride_token + m));
+    if (appends_B) B_ring[position(c + t) * p.Bc_stride_pos + m] = load_one(B_window + t * p.B_stride_token + m);
+  }
+  __syncthreads();
+
+  // The weights of each (head, output t) pair over the tokens [first, c + t], and its decay: for
+  // windows of up to 16 tokens two pairs a warp pass (window_weights_16), else one.
+  const int pairs = heads * n;
+  if (layout.coef_stride == 16) {
+    for (int q0 = 2 * warp; q0 < pairs; q0 += 2 * warps) {
+      const int q = q0 + lane / 16, j = lane % 16;
+      const bool has_pair = q < pairs;
+      const int kq = has_pair ? q / n : 0, t = has_pair ? q - kq * n : 0;
+      window_weights_16(j >= first && j < count ? raw_dt_s[kq * L + j] : 0.f, first, c + t + 1, A_s[kq], bias_s[kq],
+                        p.dt_softplus, has_pair ? coef + (kq * T + t) * 16 : nullptr,
+                        has_pair ? &decay[kq][t] : nullptr);
+    }
+  } else {
+    for (int q = warp; q < pairs; q += warps) {
+      const int kq = q / n, t = q - kq * n;
+      float raw[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = lane + 32 * half;
+        raw[half] = j >= first && j < count ? raw_dt_s[kq * L + j] : 0.f;
+      }
+      window_weights(raw, first, c + t, A_s[kq], bias_s[kq], p.dt_softplus, coef + (kq * T + t) * layout.coef_stride,
+                     &decay[kq][t]);
+    }
+  }
+  // B_j . C_t for every token and output, one warp per token, lane l taking the pieces of kPiece
+  // elements from n = kPiece (l + 32 v) (B and the B ring are aligned to them on the split path).
+  constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
+  using Piece = Pack<Act, kPiece>;
+  auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
+  for (int j = first + warp; j < count; j += warps) {
+    const Act* B_j = j < c ? B_ring + position(j) * p.Bc_stride_pos : B_window + (j - c) * p.B_stride_token;
+    Piece b[kPieces];
+#pragma unroll
+    for (int v = 0; v < kPieces; ++v) b[v] = has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
+    float sums[kMaxT];
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t) {
+      sums[t] = 0.f;
+#pragma unroll
+      for (int v = 0; v < kPieces; ++v) {
+        if (t >= n || !has_piece(v)) continue;
+        float c_t[kPiece];
+        load_piece(C_s + t * N + kPiece * (lane + 32 * v), c_t);
+#pragma unroll
+        for (int e = 0; e < kPiece; ++e) sums[t] = fmaf(to_float(b[v].v[e]), c_t[e], sums[t]);
+      }
+    }
+    transposed_sums<32, kMaxT>(sums, lane);
+    const int t = held_value<32, kMaxT>(lane, 0);
+    if (lane % (32 / kMaxT) == 0 && t < n) bc[t][j] = sums[0];
+  }
+  __syncthreads();
+  // The history coefficients weight_{j,t} (B_j . C_t), with D added on each output's own token.
+  for (int e = threadIdx.x; e < pairs * span; e += blockDim.x) {
+    const int q = e / span, j = first + e - q * span;
+    const int kq = q / n, t = q - kq * n;
+    float& a = coef[(kq * T + t) * layout.coef_stride + j];
+    a = a * bc[t][j] + (j == c + t ? D_s[kq] : 0.f);
+  }
+  __syncthreads();
+
+  // The history sums, token by token (the window's x appended to the ring on the way).
+  float hist[kMaxT][kRows];
+#pragma unroll
+  for (int t = 0; t < kMaxT; ++t) {
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) hist[t][q] = 0.f;
+  }
+  if (has_rows) {
+    const float* coef_k = coef + k * T * layout.coef_stride;
+    for (int round_first = first; round_first < count; round_first += kStaged) {
+      if (round_first > first) stage_x(round_first);  // a longer window: the next round of tokens
+      wait_async_copies();
+#pragma unroll
+      for (int u = 0; u < kStaged; ++u) {
+        const int j = round_first + u;
+        if (j >= count) break;
+        const Rows x_j = x_staged[u * blockDim.x];
+#pragma unroll
+        for (int t = 0; t < kMaxT; ++t) {
+          if (t >= n) break;
+          const float a = coef_k[t * layout.coef_stride + j];
+#pragma unroll
+          for (int q = 0; q < kRows; ++q) hist[t][q] = fmaf(a, to_float(x_j.v[q]), hist[t][q]);
+        }
+        if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos, x_j);
+      }
+    }
+  }
+
+  // The outputs, from the dots of the dot and flush kernels.
+  wait_for_prior_kernel();
+  if (!has_rows) return;
+#pragma unroll
+  for (int t = 0; t < kMaxT; ++t) {
+    if (t >= n) break;
+    float dot[kRows];
+    load_piece(p.workspace + ((int64_t(row) * T + t) * H + h) * P + i, dot);
+    Rows gate{}, out;
+    if (p.z) gate = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + t * p.z_stride_token +
+                                          h * p.z_stride_head + i);
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) {
+      const float v = fmaf(decay[k][t], dot[q], hist[t][q]);
+      out.v[q] = from_float<Act>(p.z ? v * silu(to_float(gate.v[q])) : v);
+    }
+    store_pack(static_cast<Act*>(p.out) + row * p.out_stride_batch + t * p.out_stride_token + h * p.out_stride_head + i,
+               out);
   }
 }
 
@@ -472,6 +831,57 @@ void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int row
 }
 
 template <typename S, typename Act>
+void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flush_rows_per_cta, bool x_slices,
+                       cudaStream_t stream) {
+  const RowLayout shape = make_row_layout(int(sizeof(S)), layout);
+  cudaLaunchAttribute after_previous;
+  after_previous.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  after_previous.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.stream = stream;
+  const bool short_window = p.window <= 4;
+
+  const DotShape dot = dot_shape(p, sizeof(S), shape);
+  config.gridDim = dim3(unsigned(p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows)), unsigned(p.batch));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = size_t(spec_dot_smem_bytes(p, dot.heads, dot.rows));
+  spec::with_layout(layout, [&](auto kind) {
+    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
+      const auto kernel = short_window ? spec::dot_kernel<S, Act, decltype(kind)::value, 4>
+                                       : spec::dot_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
+      allow_smem(kernel, int64_t(config.dynamicSmemBytes));
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows));
+    }
+  });
+
+  // Flush rows are at most one in (L - 2T) / T + 1 when every row commits T tokens a step and rows
+  // are desynchronised (fewer with fewer accepted): the flush grid has that share of the batch's
+  // CTAs per (head, chunk), each looping over its share of the flush rows.
+  const int64_t cycle = (p.buffer_len - 2 * p.window) / p.window + 1;
+  config.gridDim = dim3(spec::spec_grid(p, flush_rows_per_cta).x, unsigned(std::min(p.batch, (p.batch + cycle - 1) / cycle)));
+  config.dynamicSmemBytes = size_t(spec_verify_smem_bytes(p, layout, flush_rows_per_cta));
+  config.attrs = &after_previous;
+  config.numAttrs = 1;
+  spec::with_layout(layout, [&](auto kind) {
+    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
+      const auto kernel = short_window ? spec::flush_kernel<S, Act, decltype(kind)::value, 4>
+                                       : spec::flush_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
+      allow_smem(kernel, int64_t(config.dynamicSmemBytes), kFlushScanBytes);
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, flush_rows_per_cta, x_slices));
+    }
+  });
+
+  const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRows);
+  const int64_t threads = window_threads(heads, p.head_dim, kSpecWindowRows);
+  config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = size_t(spec_window_smem(threads, heads, p.window, p.buffer_len, p.state_dim).bytes);
+  const auto window_kernel = short_window ? spec::window_kernel<Act, 4> : spec::window_kernel<Act, kMaxSpecWindow>;
+  allow_smem(window_kernel, int64_t(config.dynamicSmemBytes), kSpecWindowStaticBytes);
+  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
+}
+
+template <typename S, typename Act>
 void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int rows_per_cta,
                           cudaStream_t stream) {
   spec::with_layout(layout, [&](auto kind) {
@@ -485,6 +895,8 @@ void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int
 // Explicit instantiations of the launchers for state type S and every activation type.
 #define REPLAYSSM_INSTANTIATE_SPEC_LAUNCHER(S, Act)                                                         \
   template void replayssm::cuda::launch_spec_verify<S, Act>(                                                \
+      const replayssm::SpecVerifyParams&, replayssm::cuda::RowLayoutKind, int, bool, cudaStream_t);         \
+  template void replayssm::cuda::launch_spec_split<S, Act>(                                                 \
       const replayssm::SpecVerifyParams&, replayssm::cuda::RowLayoutKind, int, bool, cudaStream_t);         \
   template void replayssm::cuda::launch_spec_baseline<S, Act>(                                              \
       const replayssm::SpecBaselineParams&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);

@@ -73,11 +73,46 @@ inline int64_t spec_baseline_smem_bytes(const SpecBaselineParams& p, RowLayoutKi
          spec_baseline_smem(rows_per_cta, p.state_dim, p.window).floats * 4;
 }
 
+// The split path's dot kernel: the tile of dot_shape (launch_shape.hpp), then the window's C
+// widened (T x N floats).
+inline int64_t spec_dot_smem_bytes(const SpecVerifyParams& p, int heads, int rows) {
+  return kTileOffset + tile_bytes(heads * rows, p.state_dim, dtype_size(p.state_dtype)) +
+         p.window * p.state_dim * 4;
+}
+
+// The split path's window kernel: each thread takes kSpecWindowRows head_dim rows of one head;
+// its shared memory holds each thread's staged x (kWindowStagedBytes), then floats: each head's
+// coefficients of each output (heads x T x coef_stride: 16 for L <= 16, the tokens
+// window_weights_16 covers, else 64), the window's C (T x N) and each head's raw dt of every token
+// (heads x L).
+constexpr int kSpecWindowRows = 4;
+// Its static shared memory: B_j . C_t of every token and output, each head's decays and scalars.
+constexpr int64_t kSpecWindowStaticBytes = (kMaxSpecWindow * kMaxBufferLen + kMaxWindowHeads * (kMaxSpecWindow + 3)) * 4;
+struct SpecWindowSmem {
+  int coef_stride = 0;
+  int64_t coef = 0, C = 0, raw_dt = 0;  // floats
+  int64_t bytes = 0;
+};
+constexpr SpecWindowSmem spec_window_smem(int64_t threads, int64_t heads, int64_t T, int64_t L, int64_t N) {
+  SpecWindowSmem s;
+  s.coef_stride = L <= 16 ? 16 : int(kMaxBufferLen);
+  s.coef = threads * kWindowStagedBytes / 4;
+  s.C = s.coef + heads * T * s.coef_stride;
+  s.raw_dt = s.C + T * N;
+  s.bytes = (s.raw_dt + heads * L) * 4;
+  return s;
+}
+
 // x_slices: every x row of the window and of the ring, and every chunk of rows_per_cta rows, is
 // 16-byte aligned (x is staged by 16-byte accesses).
 template <typename S, typename Act>
 void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta, bool x_slices,
                         cudaStream_t stream);
+// The split path (a workspace in p, a vectorised layout): the dot, flush and window kernels;
+// flush_rows_per_cta for the flush kernel, x_slices as for launch_spec_verify at that size.
+template <typename S, typename Act>
+void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flush_rows_per_cta, bool x_slices,
+                       cudaStream_t stream);
 template <typename S, typename Act>
 void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int rows_per_cta,
                           cudaStream_t stream);

@@ -61,6 +61,7 @@ std::string SpecRolloutConfig::name() const {
   os << "_steps" << steps;
   if (recycles != 1) os << "_recycles" << recycles;
   if (pad_slot_id != -1) os << "_padid" << (pad_slot_id < 0 ? "minus" : "") << std::llabs(pad_slot_id);
+  if (workspace) os << "_workspace";
   return os.str();
 }
 
@@ -104,6 +105,7 @@ SpecRollout::SpecRollout(const SpecRolloutConfig& config)
 
   const DType act = config.act_dtype, state = config.state_dtype;
   const int64_t a = dtype_size(act), s = dtype_size(state);
+  if (config.workspace) workspace_ = Buffer(device_, size_t(spec_verify_workspace_bytes(batch_, T_, H_, P_)));
   checkpoint_ = Buffer(device_, size_t(slots_ * H_ * P_ * N_ * s));
   baseline_state_ = Buffer(device_, size_t(slots_ * T_ * H_ * P_ * N_ * s));
   x_cache_ = Buffer(device_, size_t(slots_ * H_ * R_ * P_ * a));
@@ -374,7 +376,12 @@ void SpecRollout::step() {
                         B_cache_.view(act, {slots_, G_, R_, N_}),
                         dt_cache_.view(DType::kFloat32, {slots_, H_, R_}),
                         ring_.view(DType::kInt32, {slots_, 2})};
-  spec_verify(cache, window_under_test(out_, false), L_, options);
+  ExecOptions verify_options = options;
+  if (config_.workspace) {
+    verify_options.workspace = workspace_.view(DType::kInt8, {int64_t(workspace_.bytes())});
+    verify_options.window_kernel = WindowKernel::kSeparate;
+  }
+  spec_verify(cache, window_under_test(out_, false), L_, verify_options);
   spec_state_update(baseline_state_.view(state, {slots_ * T_, H_, P_, N_}),
                     window_under_test(baseline_out_, true),
                     previous_accepted_.view(DType::kInt32, {batch_}), options);

@@ -43,6 +43,7 @@ struct SpecRolloutConfig {
   bool identity_rows = false;
   int64_t pad_slot_id = -1;
   uint64_t seed = 1;
+  bool workspace = false;  // CUDA: a workspace and WindowKernel::kSeparate (the split path)
 
   std::string name() const;
 };
@@ -113,6 +114,7 @@ class SpecRollout {
   HostTensor A32_, D32_, dt_bias32_;    // the same, for the oracle
 
   // ReplaySSM under test.
+  Buffer workspace_;   // spec_verify's scratch (config.workspace)
   Buffer checkpoint_;  // (slots, H, P, N) state dtype
   Buffer x_cache_;     // (slots, H, R, P) act
   Buffer B_cache_;     // (slots, G, R, N) act
