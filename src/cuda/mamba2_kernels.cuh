@@ -86,9 +86,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
 // The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots
 //   dot_i = scale_i (S0_i . C)
 // of `rows` head_dim rows from `first` of heads_per_cta heads of one group per CTA, every row of
-// every head, into the workspace (batch, H, P) (flush rows' dots go unused: the flush kernel
-// forms their outputs from the state it forms). A CTA reads its slot, C and its tile and nothing else, so that its life is one
-// copy of its tile: this kernel is a lean read of the checkpoint.
+// every head, into the workspace (batch, H, P). Flush rows (and corrupt cursors, which the window
+// kernel skips too) return at once: the flush kernel reads and rewrites their checkpoints and
+// forms their outputs. A CTA reads its slot, its cursor, C and its tile and nothing else, so that
+// its life is one copy of its tile: this kernel is a lean read of the checkpoint.
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
                                                                  int heads_per_cta, int rows) {
@@ -108,6 +109,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   const int row = int(blockIdx.y);
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
+  const int cursor = load_one(p.cursors + slot * p.cursors_stride);
+  if (cursor < 0 || cursor >= int(p.buffer_len) - 1) return;
   const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                    first_head * p.state_stride_head + first * p.state_stride_p;
   start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, heads_per_cta, rows, N, barrier);
@@ -621,9 +624,8 @@ constexpr int kFlushMinCtasPerSm = 4;
 // The split path's third kernel, launched as the window kernel's programmatic dependent: the
 // flush rows only (replay_rows, kFlushOnly), over a grid of (head, chunk) x (some CTAs per row of
 // heads) that takes them by rank. It runs beside the kernels before it without waiting for them:
-// the only data they share are the flush rows' checkpoints, whose dots the dot kernel may read
-// while they are rewritten but nobody uses. Every CTA waits for them before it exits, so that
-// this kernel's completion implies theirs.
+// they touch no flush row's checkpoint. Every CTA waits for them before it exits, so that this
+// kernel's completion implies theirs.
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) replay_flush_kernel(const ReplayParams p,
                                                                      int rows_per_cta,
