@@ -98,8 +98,8 @@ struct SpecCache {
 // dt_cache at the window's ring positions; state on flush rows only. Reads ring. On the CUDA
 // backend, options.workspace (spec_verify_workspace_bytes) lets it take the split path, as
 // replay_decode does (ExecOptions::window_kernel): a lean read of the checkpoints of the rows that
-// do not flush, the window work and outputs of those rows once per group of heads, and the flush
-// rows.
+// do not flush, the fold of the flush rows, then every row's window work and outputs once per
+// group of heads.
 void spec_verify(const SpecCache& cache, const Mamba2Window& window, int64_t buffer_len,
                  const ExecOptions& options = {});
 

@@ -44,8 +44,9 @@ int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta);
 
 // The shape of the split paths' dot kernels (standard decode and speculative verify): whole
 // heads, as many of one group as keep the tile within kDotTileBytes, or chunks of a head
-// (multiples of the layout's batch of rows) where one head is larger. Six such CTAs an SM keep about 192 KiB of checkpoint in flight, what a read-only
-// stream needs to run at the copy bandwidth on an H200 (notes/cuda.md, v11).
+// (multiples of the layout's batch of rows) where one head is larger. Six such CTAs an SM keep
+// about 192 KiB of checkpoint in flight, what a read-only stream needs to run at the copy
+// bandwidth on an H200 (notes/cuda.md, v11).
 constexpr int64_t kDotTileBytes = 32 * 1024;
 struct DotShape {
   int heads, rows;

@@ -42,7 +42,7 @@ bool x_slices(const SpecVerifyParams& p, int rows_per_cta) {
 
 // The split path needs the caller's workspace and a vectorised layout; its window kernel moves x,
 // z, the cached x and the outputs in packs of kSpecWindowRows head_dim rows and B in pieces of 4
-// elements, and its flush kernel's window must fit shared memory.
+// elements.
 bool uses_split_path(const SpecVerifyParams& p, RowLayoutKind kind, int rows_per_cta) {
   if (!p.workspace || kind == RowLayoutKind::kGeneric || p.window_kernel == WindowKernel::kFused) return false;
   if (p.window_kernel == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kSplitMinCtasPerSm * sm_count())
