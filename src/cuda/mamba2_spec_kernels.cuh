@@ -384,9 +384,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
 //    the dots S_i . C_t of the folded checkpoints into the workspace;
 // 3. window_kernel, the flush kernel's programmatic dependent: every row's window work once per
 //    (row, heads of one group), the appends to the ring and the outputs from the dots.
-// The first two touch disjoint rows and run side by side; each kernel waits for the one before it
-// only where it reads its results (the window kernel, for the dots) or at its exit, so that the
-// last one's completion implies every one's.
+// The first two touch disjoint rows, so the flush kernel's CTAs may start as soon as SMs free up
+// from the dot kernel; each kernel waits for the one before it only where it reads its results
+// (the window kernel, for the dots) or at its exit, so that the last one's completion implies
+// every one's.
 
 // The split path's second kernel: the flush rows only, taken by rank over a grid of a share of the
 // batch. Its registers are capped for four CTAs an SM with every state type, as the fused kernel's
