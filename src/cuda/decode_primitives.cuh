@@ -486,6 +486,23 @@ __device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_
   return w;
 }
 
+// The rows a CTA of a split path's dot kernel reads: blockIdx.x = block of heads_per_cta heads of
+// one group * chunks + chunk of `rows` head_dim rows, blockIdx.y = batch row.
+struct DotCta {
+  int row, first_head;
+  int first;  // first head_dim row of the chunk
+  int rows;   // head_dim rows in the chunk
+};
+__device__ __forceinline__ DotCta dot_cta(int head_dim, int heads_per_cta, int rows) {
+  const int chunks = (head_dim + rows - 1) / rows;
+  DotCta d;
+  d.row = int(blockIdx.y);
+  d.first_head = int(blockIdx.x) / chunks * heads_per_cta;
+  d.first = int(blockIdx.x) % chunks * rows;
+  d.rows = min(rows, head_dim - d.first);
+  return d;
+}
+
 // Thread 0 waits for the tile while the others wait at the CTA barrier (no spinning warps).
 template <typename Ly> __device__ __forceinline__ void wait_tile_all(uint64_t* barrier) {
   if (threadIdx.x == 0) wait_tile<Ly>(barrier);

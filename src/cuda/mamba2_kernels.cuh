@@ -102,11 +102,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
   float* scale_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(tile_rows, N, sizeof(S)));
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
-  const int chunks = (P + rows - 1) / rows;
-  const int first_head = int(blockIdx.x) / chunks * heads_per_cta;
-  const int first = int(blockIdx.x) % chunks * rows;
-  rows = min(rows, P - first);
-  const int row = int(blockIdx.y);
+  const DotCta d = dot_cta(P, heads_per_cta, rows);
+  const int row = d.row, first_head = d.first_head, first = d.first;
+  rows = d.rows;
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);

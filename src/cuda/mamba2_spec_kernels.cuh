@@ -430,17 +430,15 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
   float* C_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(heads_per_cta * rows, N, sizeof(S)));  // (T, N)
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
-  const int chunks = (P + rows - 1) / rows;
-  const int first_head = int(blockIdx.x) / chunks * heads_per_cta;
-  const int first = int(blockIdx.x) % chunks * rows;
-  rows = min(rows, P - first);
-  const int row = int(blockIdx.y);
+  const DotCta d = dot_cta(P, heads_per_cta, rows);
+  const int row = d.row, first_head = d.first_head, first = d.first;
+  rows = d.rows;
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
   const VerifyRow r = verify_row(p, row, slot);
   if (!r.valid || r.flush) return;
   const int n = r.tokens;
-  start_heads_tile_load(static_cast<S*>(tile),
+  start_heads_tile_load(tile,
                         static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                             first_head * p.state_stride_head + first * p.state_stride_p,
                         p.state_stride_head, p.state_stride_p, heads_per_cta, rows, N, barrier);
