@@ -486,6 +486,13 @@ __device__ __forceinline__ CtaWork cta_work(const Mamba2Params& p, int rows_per_
   return w;
 }
 
+// The state rows of a CTA's (row, head, chunk) in `slot`, from the chunk's first row.
+template <typename S>
+__device__ __forceinline__ S* chunk_state(const Mamba2Params& p, const CtaWork& w, int64_t slot) {
+  return static_cast<S*>(p.state) + slot * p.state_stride_slot + w.head * p.state_stride_head +
+         w.first * p.state_stride_p;
+}
+
 // The rows a CTA of a split path's dot kernel reads: blockIdx.x = block of heads_per_cta heads of
 // one group * chunks + chunk of `rows` head_dim rows, blockIdx.y = batch row.
 struct DotCta {

@@ -63,6 +63,17 @@ inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowL
   return {int(heads), int(p.head_dim)};
 }
 
+// CTAs per (head, chunk) of a split path's flush kernel, each looping over its share of its
+// (head, chunk)'s flush rows: at most `rows` (a bound on the flush rows), and about kFlushWaves
+// waves of ctas_per_sm CTAs an SM over the `chunks` (head, chunk)s. A CTA then scans the batch
+// once for several rows, and the CTAs that run longest on a crowded SM do not set the kernel's
+// end as they do in a grid of one wave (notes/spec.md, fourth version).
+constexpr int64_t kFlushWaves = 4;
+inline int64_t flush_ctas_per_chunk(int64_t ctas_per_sm, int64_t chunks, int64_t rows) {
+  const int64_t waves = kFlushWaves * ctas_per_sm * sm_count() / chunks;
+  return rows < waves ? rows : waves > 1 ? waves : 1;
+}
+
 // Lets `kernel` take `bytes` of dynamic shared memory where that, with its `static_bytes` of static
 // shared memory, is past the default limit.
 template <typename Kernel> void allow_smem(Kernel kernel, int64_t bytes, int64_t static_bytes = 0) {

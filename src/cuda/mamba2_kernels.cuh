@@ -36,8 +36,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
   const CtaWork w = cta_work(p, rows_per_cta);
   const int64_t slot = device_slot(p, w.row);
   if (slot < 0) return;
-  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot +
-             w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
+  S* state = chunk_state<S>(p, w, slot);  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
   const int64_t g = w.group;
@@ -365,8 +364,7 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   const int pitch = int(window_pitch(rows_per_cta, Ly::kLanes));
   float* B_s = x_s + (p.buffer_len * pitch + 3) / 4 * 4;  // (count, N), kFlushOnly; 16-byte aligned
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
-  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot +
-             w.head * p.state_stride_head + w.first * p.state_stride_p;  // (rows, N)
+  S* state = chunk_state<S>(p, w, slot);  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
   const int64_t g = w.group;
@@ -621,9 +619,9 @@ constexpr int kFlushMinCtasPerSm = 4;
 
 // The split path's third kernel, launched as the window kernel's programmatic dependent: the
 // flush rows only (replay_rows, kFlushOnly), over a grid of (head, chunk) x (some CTAs per row of
-// heads) that takes them by rank. It runs beside the kernels before it without waiting for them:
-// they touch no flush row's checkpoint. Every CTA waits for them before it exits, so that this
-// kernel's completion implies theirs.
+// heads: flush_ctas_per_chunk) that takes them by rank. It runs beside the kernels before it
+// without waiting for them: they touch no flush row's checkpoint. Every CTA waits for them before
+// it exits, so that this kernel's completion implies theirs.
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) replay_flush_kernel(const ReplayParams p,
                                                                      int rows_per_cta,

@@ -84,8 +84,8 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   // The split path (vectorised layouts, rounding to nearest: mamba2_cuda.cu): the checkpoint
   // dots; then, each as the programmatic dependent of the one before, so that its loads start
   // while that one finishes, the window kernel (non-flush rows' window work and outputs) and the
-  // flush kernel. Flush rows are few (one in L when rows are desynchronised): the flush grid has
-  // ceil(batch / L) CTAs per (head, chunk), each looping over its share.
+  // flush kernel. Flush rows are few (one in L when rows are desynchronised): the flush grid has up
+  // to ceil(batch / L) CTAs per (head, chunk), each looping over its share.
   const DotShape dot = dot_shape(p, sizeof(S), shape);
   config.gridDim = dim3(unsigned(p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows)),
                         unsigned(p.batch));
@@ -109,8 +109,9 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   allow_smem(window_kernel, window_smem_bytes(threads));
   REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 
-  const int64_t flush_ctas_per_head = std::min(p.batch, (p.batch + p.buffer_len - 1) / p.buffer_len);
-  config.gridDim = dim3(decode_grid(p, flush_rows_per_cta).x, unsigned(flush_ctas_per_head));
+  const int64_t chunks = decode_grid(p, flush_rows_per_cta).x;
+  const int64_t flush_rows = std::min(p.batch, (p.batch + p.buffer_len - 1) / p.buffer_len);
+  config.gridDim = dim3(unsigned(chunks), unsigned(flush_ctas_per_chunk(kFlushMinCtasPerSm, chunks, flush_rows)));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes =
       size_t(flush_smem_bytes(flush_rows_per_cta, p.state_dim, sizeof(S), p.buffer_len, shape.lanes));

@@ -162,8 +162,7 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
   float* x_s = floats + layout.x;
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const int warp = threadIdx.x / 32;
-  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + w.head * p.state_stride_head +
-             w.first * p.state_stride_p;  // (rows, N)
+  S* state = chunk_state<S>(p, w, slot);  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
 
   const VerifyRow r = verify_row(p, w.row, slot);
@@ -389,9 +388,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
 // (the window kernel, for the dots) or at its exit, so that the last one's completion implies
 // every one's.
 
-// The split path's second kernel: the flush rows only, taken by rank over a grid of a share of the
-// batch. Its registers are capped for four CTAs an SM with every state type, as the fused kernel's
-// are for an fp32 state.
+// The split path's second kernel: the flush rows only, taken by rank over a grid of some CTAs per
+// (head, chunk) (flush_ctas_per_chunk). Its registers are capped for four CTAs an SM with every
+// state type, as the fused kernel's are for an fp32 state.
 constexpr int kFlushMinCtasPerSm = 4;
 template <typename S, typename Act, RowLayoutKind kKind, int kMaxT>
 __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) flush_kernel(const SpecVerifyParams p,
@@ -854,10 +853,12 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   });
 
   // Flush rows are at most one in (L - 2T) / T + 1 when every row commits T tokens a step and rows
-  // are desynchronised (fewer with fewer accepted): the flush grid has that share of the batch's
-  // CTAs per (head, chunk), each looping over its share of the flush rows.
+  // are desynchronised (fewer with fewer accepted): the flush grid has up to that share of the
+  // batch's CTAs per (head, chunk), each looping over its share of the flush rows.
   const int64_t cycle = (p.buffer_len - 2 * p.window) / p.window + 1;
-  config.gridDim = dim3(spec::spec_grid(p, flush_rows_per_cta).x, unsigned(std::min(p.batch, (p.batch + cycle - 1) / cycle)));
+  const int64_t chunks = spec::spec_grid(p, flush_rows_per_cta).x;
+  const int64_t flush_rows = std::min(p.batch, (p.batch + cycle - 1) / cycle);
+  config.gridDim = dim3(unsigned(chunks), unsigned(flush_ctas_per_chunk(spec::kFlushMinCtasPerSm, chunks, flush_rows)));
   config.dynamicSmemBytes = size_t(spec_verify_smem_bytes(p, layout, flush_rows_per_cta));
   config.attrs = &after_previous;
   config.numAttrs = 1;
