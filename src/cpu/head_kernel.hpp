@@ -222,16 +222,27 @@ template <typename S, typename Act> class HeadKernel {
     }
   }
 
-  // out = (y + D x) * silu(z).
+  // out = (y + D x) * silu(z), kLanes rows at a time, the gates of up to kGateRows rows a call
+  // (their exp as vector calls: silu_in_place).
   void finish(const float* y, int64_t row, int64_t h) const {
+    constexpr int64_t kGateRows = 64;
     const Act* x = at<Act>(p_.x, row * p_.x_stride_batch + h * p_.x_stride_head);
     Act* out = at<Act>(p_.out, row * p_.out_stride_batch + h * p_.out_stride_head);
     const float D = head_scalar(p_.D, h, 0.f);
     const Act* z = p_.z ? at<Act>(p_.z, row * p_.z_stride_batch + h * p_.z_stride_head) : nullptr;
-    for (int64_t i = 0; i < p_.head_dim; ++i) {
-      float v = y[i] + D * to_float(x[i]);
-      if (z) v *= silu(to_float(z[i]));
-      out[i] = from_float<Act>(v);
+    float gate[kGateRows];
+    for (int64_t i0 = 0; i0 < p_.head_dim; i0 += kGateRows) {
+      const int64_t n = std::min(kGateRows, p_.head_dim - i0);
+      if (z) {
+        widen(z + i0, gate, n);
+        silu_in_place(gate, n);
+      } else {
+        std::fill(gate, gate + n, 1.f);
+      }
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes)
+        narrow_vec((load_vec(y + i0 + i) + D * widen_vec(x + i0 + i)) * load_vec(gate + i), out + i0 + i);
+      for (; i < n; ++i) out[i0 + i] = from_float<Act>((y[i0 + i] + D * to_float(x[i0 + i])) * gate[i]);
     }
   }
 

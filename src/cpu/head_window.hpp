@@ -14,8 +14,11 @@ struct HeadWindow {
   float weight[kMaxTokens];
   float checkpoint_decay = 1.f;
 
-  // From the raw dt of `count` tokens (window_weights.cpp: its exp and log1p run as vectors).
+  // From the raw dt of `count` tokens (fast_math.cpp: its exp and log1p run as vectors).
   void weigh(int64_t count, const float* raw_dt, float A, float bias, bool dt_softplus);
 };
+
+// v[i] = silu(v[i]) for i < n (fast_math.cpp: its exp runs as vectors).
+void silu_in_place(float* v, int64_t n);
 
 }  // namespace replayssm::cpu

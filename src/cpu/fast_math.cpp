@@ -1,6 +1,7 @@
-// HeadWindow::weigh, in a file of its own: compiled with -ffast-math (CMakeLists.txt) so that the
-// exp and log1p of its token loops become vector calls (glibc's libmvec), which a replayed window
-// pays for every token every step. Nothing else is compiled with that option.
+// The CPU kernels' transcendental loops, in a file of their own: compiled with -ffast-math
+// (CMakeLists.txt) so that their exp and log1p become vector calls (glibc's libmvec). A replayed
+// window pays them for every token every step (HeadWindow::weigh), every path for every output
+// (the gates, silu_in_place). Nothing else is compiled with that option.
 #include <cmath>
 
 #include "common/mamba2_math.hpp"
@@ -29,6 +30,11 @@ void HeadWindow::weigh(int64_t count, const float* raw_dt, float A, float bias, 
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) weight[j] = dt[j] * std::exp(A * later[j]);
   checkpoint_decay = std::exp(A * sum);
+}
+
+void silu_in_place(float* v, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) v[i] = silu(v[i]);
 }
 
 }  // namespace replayssm::cpu
