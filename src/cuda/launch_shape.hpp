@@ -65,9 +65,9 @@ inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowL
 
 // CTAs per (head, chunk) of a split path's flush kernel, each looping over its share of its
 // (head, chunk)'s flush rows: at most `rows` (a bound on the flush rows), and about kFlushWaves
-// waves of ctas_per_sm CTAs an SM over the `chunks` (head, chunk)s. A CTA then scans the batch
-// once for several rows, and the CTAs that run longest on a crowded SM do not set the kernel's
-// end as they do in a grid of one wave (notes/spec.md, fourth version).
+// waves of ctas_per_sm CTAs an SM over the `chunks` (head, chunk)s: a CTA scans the batch once for
+// several rows. Measured against one CTA per flush row and against grids of one to five waves
+// (notes/spec.md, fourth version): one wave, each CTA a fixed share of many rows, was the slowest.
 constexpr int64_t kFlushWaves = 4;
 inline int64_t flush_ctas_per_chunk(int64_t ctas_per_sm, int64_t chunks, int64_t rows) {
   const int64_t waves = kFlushWaves * ctas_per_sm * sm_count() / chunks;
