@@ -96,6 +96,20 @@ __device__ __forceinline__ void store_window_outputs(const WindowParams& p, cons
   }
 }
 
+// This lane's parts of the dots S_k . C_t of a batch of rows (s: row k of the thread's) with the
+// window's n staged C_t (C_s: T x N, in lane order): y[t * kRows + k], zero for t >= n.
+template <typename Ly, int kMaxT>
+__device__ __forceinline__ void window_dots(const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], const float* C_s,
+                                            int n, int lane, int64_t N, float (&y)[kMaxT * Ly::kRows]) {
+#pragma unroll
+  for (int t = 0; t < kMaxT; ++t) {
+    float c_t[Ly::kVecsPerLane][Ly::kVec];
+    if (t < n) shared_slice<Ly>(C_s + t * N, lane, N, c_t);
+#pragma unroll
+    for (int k = 0; k < Ly::kRows; ++k) y[t * Ly::kRows + k] = t < n ? slice_dot<Ly>(s[k], c_t) : 0.f;
+  }
+}
+
 // The sums of a batch of rows for each position of a window (y[t * kRows + k]: this lane's part
 // of position t of row k of its row group) into the split path's workspace: dots[t * t_stride + i]
 // for the n valid positions and the rows i below `rows`.
@@ -347,13 +361,7 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
       }
     }
     float y[kMaxT * Ly::kRows];
-#pragma unroll
-    for (int t = 0; t < kMaxT; ++t) {
-      float c_t[Ly::kVecsPerLane][Ly::kVec];
-      if (t < n) shared_slice<Ly>(C_s + t * N, lane, N, c_t);
-#pragma unroll
-      for (int k = 0; k < Ly::kRows; ++k) y[t * Ly::kRows + k] = t < n ? slice_dot<Ly>(s[k], c_t) : 0.f;
-    }
+    window_dots<Ly, kMaxT>(s, C_s, n, lane, N, y);
     if constexpr (kFoldOnly)
       store_dots<Ly>(p.workspace + (int64_t(w.row) * T * p.nheads + w.head) * p.head_dim + w.first,
                      p.nheads * p.head_dim, y, n, w.rows, batch, group, lane);
@@ -463,13 +471,7 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
       for (int q = 0; q < Ly::kRows; ++q)
         tile_row<S, Ly>(tile + k * rows * N, chunk_row<Ly>(batch, q, group), rows, lane, N, s[q]);
       float y[kMaxT * Ly::kRows];
-#pragma unroll
-      for (int t = 0; t < kMaxT; ++t) {
-        float c_t[Ly::kVecsPerLane][Ly::kVec];
-        if (t < n) shared_slice<Ly>(C_s + t * N, lane, N, c_t);
-#pragma unroll
-        for (int q = 0; q < Ly::kRows; ++q) y[t * Ly::kRows + q] = t < n ? slice_dot<Ly>(s[q], c_t) : 0.f;
-      }
+      window_dots<Ly, kMaxT>(s, C_s, n, lane, N, y);
       store_dots<Ly>(dots, int64_t(H) * P, y, n, rows, batch, group, lane);
     }
   }
