@@ -96,8 +96,8 @@ __device__ __forceinline__ void store_window_outputs(const WindowParams& p, cons
   }
 }
 
-// This lane's parts of the dots S_k . C_t of a batch of rows (s: row k of the thread's) with the
-// window's n staged C_t (C_s: T x N, in lane order): y[t * kRows + k], zero for t >= n.
+// This lane's parts of the dots S_k . C_t of the thread's rows of a batch (s[k]: its slice of row
+// k) with the window's n staged C_t (C_s: T x N, in lane order): y[t * kRows + k], zero for t >= n.
 template <typename Ly, int kMaxT>
 __device__ __forceinline__ void window_dots(const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], const float* C_s,
                                             int n, int lane, int64_t N, float (&y)[kMaxT * Ly::kRows]) {
