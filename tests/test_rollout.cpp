@@ -184,6 +184,19 @@ std::vector<RolloutConfig> on_every_backend(const std::vector<RolloutConfig>& ca
   return all;
 }
 
+// Enough Nemotron-H rows that the split path's dot kernel folds a 16-bit state's flush rows itself
+// (dot_flush_part_rows: from 24 dot CTAs an SM; 57 rows make 27 on an H200): CUDA with a
+// workspace only.
+std::vector<RolloutConfig> wide_batch_cases() {
+  RolloutConfig c = config(kNemotronH, 16, Route::kOutputOnly, DT::kBFloat16, DT::kBFloat16);
+  c.backend = Backend::kCuda;
+  c.workspace = true;
+  c.requests = 56;
+  c.steps = 40;
+  c.recycles = 0;
+  return {c};
+}
+
 class RolloutTest : public ::testing::TestWithParam<RolloutConfig> {};
 
 TEST_P(RolloutTest, MatchesOracle) {
@@ -212,6 +225,7 @@ INSTANTIATE_TEST_SUITE_P(LowPrecision, RolloutTest, ::testing::ValuesIn(on_every
                          test_name);
 INSTANTIATE_TEST_SUITE_P(RecycledSlots, RolloutTest, ::testing::ValuesIn(on_every_backend(recycling_cases())),
                          test_name);
+INSTANTIATE_TEST_SUITE_P(WideBatch, RolloutTest, ::testing::ValuesIn(wide_batch_cases()), test_name);
 
 }  // namespace
 }  // namespace replayssm::test

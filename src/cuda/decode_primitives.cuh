@@ -345,24 +345,26 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
   }
 }
 
-// Starts the bulk copy of `rows` state rows of each of `heads` consecutive heads (head stride
-// stride_head, row stride stride_p, rows of N elements) into `tile` (heads x rows x N): the split
-// paths' dot kernels, vectorised layouts only (wait_tile before use).
+// Starts the bulk copy of the tile rows [first, first + count) of a tile of `rows` state rows of
+// each of consecutive heads (head stride stride_head, row stride stride_p, rows of N elements;
+// tile row k rows + i is row i of head k) into `tile` from its start: the split paths' dot kernels,
+// vectorised layouts only (wait_tile before use).
 template <typename S>
 __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, int64_t stride_head,
-                                                      int64_t stride_p, int heads, int rows, int N,
-                                                      uint64_t* barrier) {
+                                                      int64_t stride_p, int rows, int first, int count,
+                                                      int N, uint64_t* barrier) {
   if (threadIdx.x != 0) return;
   const unsigned row_bytes = unsigned(N * sizeof(S));
   barrier_init(barrier);
-  barrier_expect_bytes(barrier, row_bytes * unsigned(heads * rows));
-  for (int k = 0; k < heads; ++k) {
-    S* dst = tile + k * rows * N;
-    const S* src = state + k * stride_head;
+  barrier_expect_bytes(barrier, row_bytes * unsigned(count));
+  for (int k = first / rows; k * rows < first + count; ++k) {
+    const int begin = max(first, k * rows), end = min(first + count, (k + 1) * rows);
+    S* dst = tile + (begin - first) * N;
+    const S* src = state + k * stride_head + (begin - k * rows) * stride_p;
     if (stride_p == N) {
-      bulk_copy_to_shared(dst, src, row_bytes * unsigned(rows), barrier);
+      bulk_copy_to_shared(dst, src, row_bytes * unsigned(end - begin), barrier);
     } else {
-      for (int i = 0; i < rows; ++i) bulk_copy_to_shared(dst + i * N, src + i * stride_p, row_bytes, barrier);
+      for (int i = 0; i < end - begin; ++i) bulk_copy_to_shared(dst + i * N, src + i * stride_p, row_bytes, barrier);
     }
   }
 }

@@ -63,6 +63,21 @@ inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowL
   return {int(heads), int(p.head_dim)};
 }
 
+// Tile rows a flush row's CTA of the standard-decode dot kernel folds at a time (flush_heads), or 0
+// where the flush kernel takes the flush rows instead. Folding them in the dot kernel was measured
+// faster for a 4-byte state at every batch, for a 2-byte state (twice the values a tile to fold)
+// from kDotFlushMinCtasPerSm dot CTAs an SM, and slower for 8-bit checkpoints (four times), whose
+// long folds then hold their tiles' shared memory (notes/cuda.md, v17).
+constexpr int64_t kDotFlushMinCtasPerSm = 24;
+inline int dot_flush_part_rows(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
+                               const RowLayout& layout) {
+  const int64_t ctas = p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows) * p.batch;
+  const bool in_dot = state_bytes == 4 || (state_bytes == 2 && ctas >= kDotFlushMinCtasPerSm * sm_count());
+  return in_dot ? int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, state_bytes, p.buffer_len,
+                                          dtype_size(p.act_dtype), layout.batch_rows))
+                : 0;
+}
+
 // CTAs per (head, chunk) of a split path's flush kernel, each looping over its share of its
 // (head, chunk)'s flush rows: at most `rows` (a bound on the flush rows), and about kFlushWaves
 // waves of ctas_per_sm CTAs an SM over the `chunks` (head, chunk)s: a CTA scans the batch once for

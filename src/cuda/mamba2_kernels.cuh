@@ -82,16 +82,164 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
   }
 }
 
+// A flush row's CTA of the split path's dot kernel: folds the window of L tokens (the last one this
+// step's) into the checkpoint rows of its heads,
+//   S_i = decay scale_i S0_i + sum_j weight_j x_j[i] B_j,
+// stores them (rounded as the format says) and writes out_i = (S_i . C + D x_i) silu(z_i). The
+// window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
+// dot_flush_window_bytes) while the first part_rows tile rows land; each later part lands where
+// the one before was, while the last batch of rows of that one folds from registers.
+template <typename S, typename Act, RowLayoutKind kKind>
+__device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
+                                            int capacity, int part_rows, unsigned char* smem) {
+  using Ly = Layout<S, kKind>;
+  uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
+  const int N = int(p.state_dim), L = int(p.buffer_len), rows = d.rows, tile_rows = heads * rows;
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes, warp = threadIdx.x / 32;
+  const int64_t tile_end = kTileOffset + tile_bytes(capacity, N, sizeof(S));
+  S* tile = reinterpret_cast<S*>(smem + kTileOffset);
+  float* scale_s = reinterpret_cast<float*>(smem + tile_end);  // (tile rows)
+  float* weights = reinterpret_cast<float*>(
+      smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L, sizeof(Act)));  // (heads, kMaxBufferLen)
+  float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
+  Act* C_s = reinterpret_cast<Act*>(head_s + heads * 4);
+  const int n_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));
+  Act* B_s = C_s + n_pitch;  // (L, n_pitch)
+  Act* x_s = B_s + L * n_pitch;  // (L, x_pitch)
+  const int x_pitch = int(dot_flush_x_pitch(capacity, sizeof(Act)));
+  Act* z_s = x_s + L * x_pitch;  // (tile rows)
+
+  const int g = d.first_head / int(p.heads_per_group);
+  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + d.first_head * p.state_stride_head +
+             d.first * p.state_stride_p;
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, min(part_rows, tile_rows), N,
+                        barrier);
+  // The window by asynchronous copies of 4 elements: C, B_j (cached, then this step's), x_j and z
+  // of the tile rows.
+  auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
+  const Act* C = static_cast<const Act*>(p.C) + d.row * p.C_stride_batch + g * p.C_stride_group;
+  const Act* B_now = static_cast<const Act*>(p.B) + d.row * p.B_stride_batch + g * p.B_stride_group;
+  const Act* B_hist = static_cast<const Act*>(p.B_cache) + slot * p.Bc_stride_slot + g * p.Bc_stride_group;
+  const int n_pieces = N / 4, x_pieces = rows / 4;
+  for (int u = threadIdx.x; u < (L + 1) * n_pieces; u += kThreads) {
+    const int j = u / n_pieces, e = (u - j * n_pieces) * 4;  // j = L: C
+    stage((j < L ? B_s + j * n_pitch : C_s) + e, (j < L - 1 ? B_hist + j * p.Bc_stride_pos : j == L - 1 ? B_now : C) + e);
+  }
+  for (int u = threadIdx.x; u < (L + 1) * heads * x_pieces; u += kThreads) {
+    const int j = u / (heads * x_pieces), r = u - j * heads * x_pieces, k = r / x_pieces;
+    const int e = (r - k * x_pieces) * 4, head = d.first_head + k;  // j = L: z
+    const Act* src =
+        j < L - 1 ? static_cast<const Act*>(p.x_cache) + slot * p.xc_stride_slot + head * p.xc_stride_head + j * p.xc_stride_pos
+        : j == L - 1 ? static_cast<const Act*>(p.x) + d.row * p.x_stride_batch + head * p.x_stride_head
+                     : static_cast<const Act*>(p.z) + d.row * p.z_stride_batch + head * p.z_stride_head;
+    if (j < L || p.z) stage((j < L ? x_s + j * x_pitch : z_s) + k * rows + e, src + d.first + e);
+  }
+  for (int k = warp; k < heads; k += kThreads / 32) {
+    const int head = d.first_head + k;
+    const float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head;
+    const float raw_dt_now = load_as<float>(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + head * p.dt_stride_head);
+    float raw_dt[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = threadIdx.x % 32 + 32 * h;
+      raw_dt[h] = j < L - 1 ? __ldg(dt_hist + j) : raw_dt_now;
+    }
+    window_weights(raw_dt, 0, L - 1, head_value(p.A, head, 0.f), head_value(p.dt_bias, head, 0.f), p.dt_softplus,
+                   weights + k * kMaxBufferLen, head_s + 4 * k);
+    if (threadIdx.x % 32 == 0) head_s[4 * k + 1] = head_value(p.D, head, 0.f);
+  }
+  if constexpr (CheckpointFormat<S>::kScaled) {
+    for (int t = threadIdx.x; t < tile_rows; t += kThreads) {
+      const int k = t / rows;
+      scale_s[t] = p.state_scale[slot * p.scale_stride_slot + (d.first_head + k) * p.scale_stride_head + d.first +
+                                 t - k * rows];
+    }
+  }
+  wait_async_copies();
+  wait_tile_all<Ly>(barrier);
+
+  FlushRandomBits nearest(0, 0, 0, 0);  // unused: the split path rounds to nearest
+  for (int first = 0; first < tile_rows; first += part_rows) {
+    const int count = min(part_rows, tile_rows - first), next = first + count;
+    const int batches = (count + Ly::kBatchRows - 1) / Ly::kBatchRows;
+    if (first > 0) wait_tile_all<Ly>(barrier);
+    for (int batch = 0; batch < batches; ++batch) {
+      float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
+      int t[Ly::kRows], k[Ly::kRows];  // tile row, head
+#pragma unroll
+      for (int q = 0; q < Ly::kRows; ++q) {
+        const int i = chunk_row<Ly>(batch, q, group);
+        t[q] = first + i;
+        k[q] = min(t[q], tile_rows - 1) / rows;
+        tile_row<S, Ly>(tile, i, count, lane, N, s[q]);
+        const float decay = head_s[4 * k[q]] * (CheckpointFormat<S>::kScaled && i < count ? scale_s[t[q]] : 1.f);
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+          for (int e = 0; e < Ly::kVec; ++e) s[q][v][e] *= decay;
+        }
+      }
+      if (batch == batches - 1 && next < tile_rows) {  // the part is in registers: the next one may land
+        __syncthreads();
+        if (threadIdx.x == 0) barrier_inval(barrier);
+        start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, next,
+                              min(part_rows, tile_rows - next), N, barrier);
+      }
+      // Each token's B slice widened once for the batch's rows.
+      auto widened = [&](const Act* v, float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
+        Pack<Act, Ly::kVec> packs[Ly::kVecsPerLane];
+#pragma unroll
+        for (int u = 0; u < Ly::kVecsPerLane; ++u)
+          packs[u] = *reinterpret_cast<const Pack<Act, Ly::kVec>*>(v + first_element<Ly>(u, lane));
+        widen_slice<Ly>(packs, out);
+      };
+      for (int j = 0; j < L; ++j) {
+        float b[Ly::kVecsPerLane][Ly::kVec];
+        widened(B_s + j * n_pitch, b);
+#pragma unroll
+        for (int q = 0; q < Ly::kRows; ++q) {
+          const float xdt = t[q] < next ? weights[k[q] * kMaxBufferLen + j] * to_float(x_s[j * x_pitch + t[q]]) : 0.f;
+          state_step<Ly>(s[q], 1.f, xdt, b);
+        }
+      }
+      float c[Ly::kVecsPerLane][Ly::kVec];
+      widened(C_s, c);
+      float y[Ly::kRows];
+#pragma unroll
+      for (int q = 0; q < Ly::kRows; ++q) {
+        const int i = t[q] - k[q] * rows;
+        store_checkpoint_row<S, Ly>(state + k[q] * p.state_stride_head + i * p.state_stride_p,
+                                    CheckpointFormat<S>::kScaled
+                                        ? p.state_scale + slot * p.scale_stride_slot +
+                                              (d.first_head + k[q]) * p.scale_stride_head + d.first + i
+                                        : nullptr,
+                                    t[q] < next, s[q], lane, N, false, nearest, 0);
+        y[q] = slice_dot<Ly>(s[q], c);
+      }
+      row_group_sums<Ly::kLanes>(y);
+      // Lane q < kRows of each row group finishes row q of the batch (as store_outputs).
+      const int mine = first + batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
+      if (lane < Ly::kRows && mine < next) {
+        const int head = mine / rows, i = mine - head * rows;
+        float v = lane_row_sum<Ly>(y, lane) + head_s[4 * head + 1] * to_float(x_s[(L - 1) * x_pitch + mine]);
+        if (p.z) v *= silu(to_float(z_s[mine]));
+        static_cast<Act*>(p.out)[d.row * p.out_stride_batch + (d.first_head + head) * p.out_stride_head + d.first + i] =
+            from_float<Act>(v);
+      }
+    }
+  }
+}
+
 // The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots
 //   dot_i = scale_i (S0_i . C)
 // of `rows` head_dim rows from `first` of heads_per_cta heads of one group per CTA, every row of
-// every head, into the workspace (batch, H, P). Flush rows (and corrupt cursors, which the window
-// kernel skips too) return at once: the flush kernel reads and rewrites their checkpoints and
-// forms their outputs. A CTA reads its slot, its cursor, C and its tile and nothing else, so that
-// its life is one copy of its tile: this kernel is a lean read of the checkpoint.
+// every head, into the workspace (batch, H, P). Flush rows fold their window into their
+// checkpoints instead (flush_heads, part_rows > 0). A non-flush CTA reads its slot, its cursor, C
+// and its tile and nothing else, so that its life is one copy of its tile: a lean read of the
+// checkpoint. Corrupt cursors are skipped (the window kernel skips them too).
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
-                                                                 int heads_per_cta, int rows) {
+                                                                 int heads_per_cta, int rows, int part_rows) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
   allow_dependent_launch();  // the window kernel's CTAs may start with this kernel's last wave
@@ -107,10 +255,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
-  if (cursor < 0 || cursor >= int(p.buffer_len) - 1) return;
+  if (cursor < 0 || cursor >= int(p.buffer_len)) return;
+  if (cursor == int(p.buffer_len) - 1) {  // 8-bit checkpoints: always the flush kernel's (dot_flush_part_rows)
+    if constexpr (!CheckpointFormat<S>::kScaled)
+      if (part_rows > 0) flush_heads<S, Act, kKind>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
+    return;
+  }
   const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                    first_head * p.state_stride_head + first * p.state_stride_p;
-  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, heads_per_cta, rows, N, barrier);
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier);
   float c[Ly::kVecsPerLane][Ly::kVec];
   load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                      first_head / int(p.heads_per_group) * p.C_stride_group,
@@ -152,8 +305,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 // head, the checkpoint decay and each head_dim row's history sum
 //   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i;
 // then out_i = (decay dot_i + hist_i) silu(z_i). Pad rows and corrupt cursors are skipped, flush
-// rows are left to the flush kernel. Every CTA waits for the dot kernel before it exits, so that
-// this kernel's completion implies that one's. Its registers are capped at 64 (two CTAs of
+// rows are left to the dot or the flush kernel. Every CTA waits for the dot kernel before it
+// exits, so that this kernel's completion implies that one's. Its registers are capped at 64 (two CTAs of
 // kWindowThreads an SM): eight 128-thread CTAs an SM take a batch of 128 rows in one wave.
 template <typename Act, int kRows>
 __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
@@ -617,8 +770,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
 // staged window spilled to local memory, one load round trip per token (notes/cuda.md, v14).
 constexpr int kFlushMinCtasPerSm = 4;
 
-// The split path's third kernel, launched as the window kernel's programmatic dependent: the
-// flush rows only (replay_rows, kFlushOnly), over a grid of (head, chunk) x (some CTAs per row of
+// The split path's third kernel where the dot kernel does not fold the flush rows
+// (dot_flush_part_rows), launched as the window kernel's programmatic dependent: the flush rows
+// only (replay_rows, kFlushOnly), over a grid of (head, chunk) x (some CTAs per row of
 // heads: flush_ctas_per_chunk) that takes them by rank. It runs beside the kernels before it
 // without waiting for them: they touch no flush row's checkpoint. Every CTA waits for them before
 // it exits, so that this kernel's completion implies theirs.

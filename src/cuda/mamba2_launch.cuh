@@ -82,18 +82,20 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   }
 
   // The split path (vectorised layouts, rounding to nearest: mamba2_cuda.cu): the checkpoint
-  // dots; then, each as the programmatic dependent of the one before, so that its loads start
-  // while that one finishes, the window kernel (non-flush rows' window work and outputs) and the
+  // dots, the flush rows folded there too where dot_flush_part_rows says so; then, each as the
+  // programmatic dependent of the one before, so that its loads start while that one finishes, the
+  // window kernel (non-flush rows' window work and outputs) and, for the other flush rows, the
   // flush kernel. Flush rows are few (one in L when rows are desynchronised): the flush grid has up
   // to ceil(batch / L) CTAs per (head, chunk), each looping over its share.
   const DotShape dot = dot_shape(p, sizeof(S), shape);
+  const int part_rows = dot_flush_part_rows(p, sizeof(S), dot, shape);
   config.gridDim = dim3(unsigned(p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows)),
                         unsigned(p.batch));
   config.dynamicSmemBytes = size_t(dot_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S)));
   by_layout([&](auto kind) {
     if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)
       REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, checkpoint_dot_kernel<S, Act, decltype(kind)::value>,
-                                              p, dot.heads, dot.rows));
+                                              p, dot.heads, dot.rows, part_rows));
   });
 
   const int window_rows = window_rows_per_thread(p);
@@ -109,6 +111,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   allow_smem(window_kernel, window_smem_bytes(threads));
   REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 
+  if (part_rows > 0) return;  // the dot kernel folded the flush rows
   const int64_t chunks = decode_grid(p, flush_rows_per_cta).x;
   const int64_t flush_rows = std::min(p.batch, (p.batch + p.buffer_len - 1) / p.buffer_len);
   config.gridDim = dim3(unsigned(chunks), unsigned(flush_ctas_per_chunk(kFlushMinCtasPerSm, chunks, flush_rows)));

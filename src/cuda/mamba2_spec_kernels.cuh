@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   start_heads_tile_load(tile,
                         static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                             first_head * p.state_stride_head + first * p.state_stride_p,
-                        p.state_stride_head, p.state_stride_p, heads_per_cta, rows, N, barrier);
+                        p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier);
   const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                  first_head / int(p.heads_per_group) * p.C_stride_group;
   for (int k = threadIdx.x; k < N; k += kThreads) {

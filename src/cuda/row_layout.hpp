@@ -48,6 +48,28 @@ constexpr int64_t dot_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim,
   return kTileOffset + tile_bytes(heads * rows, state_dim, state_bytes) + heads * rows * 4;
 }
 
+// A flush row's CTA in the split path's dot kernel stages its window at the end of its tile's
+// bytes, in 16-byte pieces: each head's weights (kMaxBufferLen floats) and its decay and D (four
+// floats a head), then, as stored, C (N), B of the L tokens (L x N) and x of the CTA's tile rows for
+// each token (L x dot_flush_x_pitch), and z (tile rows).
+constexpr int64_t round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+constexpr int64_t dot_flush_x_pitch(int64_t tile_rows, int64_t act_bytes) {
+  return round16(tile_rows * act_bytes) / act_bytes;
+}
+constexpr int64_t dot_flush_window_bytes(int64_t heads, int64_t tile_rows, int64_t state_dim,
+                                         int64_t buffer_len, int64_t act_bytes) {
+  return heads * (kMaxBufferLen + 4) * 4 + (buffer_len + 1) * round16(state_dim * act_bytes) +
+         (buffer_len + 1) * round16(tile_rows * act_bytes);
+}
+// The tile rows such a CTA folds at a time (the window takes the rest of the tile's bytes): whole
+// batches of rows, 0 when not even one fits.
+constexpr int64_t dot_flush_part_rows(int64_t heads, int64_t rows, int64_t state_dim, int64_t state_bytes,
+                                      int64_t buffer_len, int64_t act_bytes, int64_t batch_rows) {
+  const int64_t room = tile_bytes(heads * rows, state_dim, state_bytes) -
+                       dot_flush_window_bytes(heads, heads * rows, state_dim, buffer_len, act_bytes);
+  return room > 0 ? room / (state_dim * state_bytes) / batch_rows * batch_rows : 0;
+}
+
 // The split path's flush kernel: the replay's, then the window's B widened (L x N floats, 16-byte
 // aligned); besides, kFlushScanBytes of static shared memory for its scan of the batch's rows
 // (each block's taken rows and slots, two counts per warp).
