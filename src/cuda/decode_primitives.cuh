@@ -348,14 +348,18 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
 // Starts the bulk copy of the tile rows [first, first + count) of a tile of `rows` state rows of
 // each of consecutive heads (head stride stride_head, row stride stride_p, rows of N elements;
 // tile row k rows + i is row i of head k) into `tile` from its start: the split paths' dot kernels,
-// vectorised layouts only (wait_tile before use).
+// vectorised layouts only. The copy from row 0 sets the barrier up (wait_tile before use); one
+// from a later row, once the one before has landed and been read, completes its next phase.
 template <typename S>
 __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, int64_t stride_head,
                                                       int64_t stride_p, int rows, int first, int count,
                                                       int N, uint64_t* barrier) {
   if (threadIdx.x != 0) return;
   const unsigned row_bytes = unsigned(N * sizeof(S));
-  barrier_init(barrier);
+  if (first == 0)
+    barrier_init(barrier);
+  else  // the reads of the part before (a CTA barrier ago), ordered before the copy engine's writes
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   barrier_expect_bytes(barrier, row_bytes * unsigned(count));
   for (int k = first / rows; k * rows < first + count; ++k) {
     const int begin = max(first, k * rows), end = min(first + count, (k + 1) * rows);
@@ -369,8 +373,9 @@ __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, i
   }
 }
 
-template <typename Ly> __device__ __forceinline__ void wait_tile(uint64_t* barrier) {
-  if constexpr (!Ly::kMasked) barrier_wait(barrier, 0);
+// phase: of the barrier, for a tile copied in parts on one barrier (start_heads_tile_load).
+template <typename Ly> __device__ __forceinline__ void wait_tile(uint64_t* barrier, unsigned phase = 0) {
+  if constexpr (!Ly::kMasked) barrier_wait(barrier, phase & 1u);
 }
 
 // Row i of the tile, this lane's slice, widened (zero for rows past the chunk and past N).
@@ -513,8 +518,8 @@ __device__ __forceinline__ DotCta dot_cta(int head_dim, int heads_per_cta, int r
 }
 
 // Thread 0 waits for the tile while the others wait at the CTA barrier (no spinning warps).
-template <typename Ly> __device__ __forceinline__ void wait_tile_all(uint64_t* barrier) {
-  if (threadIdx.x == 0) wait_tile<Ly>(barrier);
+template <typename Ly> __device__ __forceinline__ void wait_tile_all(uint64_t* barrier, unsigned phase = 0) {
+  if (threadIdx.x == 0) wait_tile<Ly>(barrier, phase);
   __syncthreads();
 }
 

@@ -159,10 +159,10 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   wait_tile_all<Ly>(barrier);
 
   FlushRandomBits nearest(0, 0, 0, 0);  // unused: the split path rounds to nearest
-  for (int first = 0; first < tile_rows; first += part_rows) {
+  for (int first = 0, part = 0; first < tile_rows; first += part_rows, ++part) {
     const int count = min(part_rows, tile_rows - first), next = first + count;
     const int batches = (count + Ly::kBatchRows - 1) / Ly::kBatchRows;
-    if (first > 0) wait_tile_all<Ly>(barrier);
+    if (part > 0) wait_tile_all<Ly>(barrier, part);
     for (int batch = 0; batch < batches; ++batch) {
       float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
       int t[Ly::kRows], k[Ly::kRows];  // tile row, head
@@ -181,7 +181,6 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
       }
       if (batch == batches - 1 && next < tile_rows) {  // the part is in registers: the next one may land
         __syncthreads();
-        if (threadIdx.x == 0) barrier_inval(barrier);
         start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, next,
                               min(part_rows, tile_rows - next), N, barrier);
       }
