@@ -185,7 +185,7 @@ std::vector<RolloutConfig> on_every_backend(const std::vector<RolloutConfig>& ca
 }
 
 // Enough Nemotron-H rows that the split path's dot kernel folds a 16-bit state's flush rows itself
-// (dot_flush_part_rows: from 24 dot CTAs an SM; 57 rows make 27 on an H200): CUDA with a
+// (dot_flush_part_rows_for: from 24 dot CTAs an SM; 57 rows make 27 on an H200): CUDA with a
 // workspace only.
 std::vector<RolloutConfig> wide_batch_cases() {
   RolloutConfig c = config(kNemotronH, 16, Route::kOutputOnly, DT::kBFloat16, DT::kBFloat16);

@@ -26,8 +26,9 @@ const char* backend_name(Backend backend);
 enum class WindowKernel : int32_t {
   kAuto,      // by the size of the call: the split path from a few CTAs per SM, where it is faster
   kFused,     // one kernel does everything, as without a workspace
-  kSeparate,  // the split path: a lean read of the checkpoint, the window work and outputs once
-              // per group of heads, the flush rows (three kernels)
+  kSeparate,  // the split path: a lean read of the checkpoint (which also folds the flush rows of
+              // fp32 and, at large batch, 16-bit states), the window work and outputs once per
+              // group of heads, and a kernel for the other flush rows
 };
 
 struct ExecOptions {

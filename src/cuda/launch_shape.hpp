@@ -69,7 +69,7 @@ inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowL
 // from kDotFlushMinCtasPerSm dot CTAs an SM, and slower for 8-bit checkpoints (four times), whose
 // long folds then hold their tiles' shared memory (notes/cuda.md, v17).
 constexpr int64_t kDotFlushMinCtasPerSm = 24;
-inline int dot_flush_part_rows(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
+inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
                                const RowLayout& layout) {
   const int64_t ctas = p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows) * p.batch;
   const bool in_dot = state_bytes == 4 || (state_bytes == 2 && ctas >= kDotFlushMinCtasPerSm * sm_count());

@@ -82,10 +82,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
   }
 }
 
-// A flush row's CTA of the split path's dot kernel: folds the window of L tokens (the last one this
-// step's) into the checkpoint rows of its heads,
-//   S_i = decay scale_i S0_i + sum_j weight_j x_j[i] B_j,
-// stores them (rounded as the format says) and writes out_i = (S_i . C + D x_i) silu(z_i). The
+// A flush row's CTA of the split path's dot kernel (fp32 and 16-bit states): folds the window of L
+// tokens (the last one this step's) into the checkpoint rows of its heads,
+//   S_i = decay S0_i + sum_j weight_j x_j[i] B_j,
+// stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The
 // window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
 // dot_flush_window_bytes) while the first part_rows tile rows land; each later part lands where
 // the one before was, while the last batch of rows of that one folds from registers.
@@ -93,12 +93,12 @@ template <typename S, typename Act, RowLayoutKind kKind>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
                                             int capacity, int part_rows, unsigned char* smem) {
   using Ly = Layout<S, kKind>;
+  static_assert(!CheckpointFormat<S>::kScaled, "8-bit checkpoints keep the flush kernel");
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int N = int(p.state_dim), L = int(p.buffer_len), rows = d.rows, tile_rows = heads * rows;
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes, warp = threadIdx.x / 32;
   const int64_t tile_end = kTileOffset + tile_bytes(capacity, N, sizeof(S));
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);
-  float* scale_s = reinterpret_cast<float*>(smem + tile_end);  // (tile rows)
   float* weights = reinterpret_cast<float*>(
       smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L, sizeof(Act)));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
@@ -123,15 +123,16 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   const int n_pieces = N / 4, x_pieces = rows / 4;
   for (int u = threadIdx.x; u < (L + 1) * n_pieces; u += kThreads) {
     const int j = u / n_pieces, e = (u - j * n_pieces) * 4;  // j = L: C
-    stage((j < L ? B_s + j * n_pitch : C_s) + e, (j < L - 1 ? B_hist + j * p.Bc_stride_pos : j == L - 1 ? B_now : C) + e);
+    const Act* src = j < L - 1 ? B_hist + j * p.Bc_stride_pos : j == L - 1 ? B_now : C;
+    stage((j < L ? B_s + j * n_pitch : C_s) + e, src + e);
   }
   for (int u = threadIdx.x; u < (L + 1) * heads * x_pieces; u += kThreads) {
     const int j = u / (heads * x_pieces), r = u - j * heads * x_pieces, k = r / x_pieces;
     const int e = (r - k * x_pieces) * 4, head = d.first_head + k;  // j = L: z
-    const Act* src =
-        j < L - 1 ? static_cast<const Act*>(p.x_cache) + slot * p.xc_stride_slot + head * p.xc_stride_head + j * p.xc_stride_pos
-        : j == L - 1 ? static_cast<const Act*>(p.x) + d.row * p.x_stride_batch + head * p.x_stride_head
-                     : static_cast<const Act*>(p.z) + d.row * p.z_stride_batch + head * p.z_stride_head;
+    const Act* src = j < L - 1 ? static_cast<const Act*>(p.x_cache) + slot * p.xc_stride_slot +
+                                     head * p.xc_stride_head + j * p.xc_stride_pos
+                     : j == L - 1 ? static_cast<const Act*>(p.x) + d.row * p.x_stride_batch + head * p.x_stride_head
+                                  : static_cast<const Act*>(p.z) + d.row * p.z_stride_batch + head * p.z_stride_head;
     if (j < L || p.z) stage((j < L ? x_s + j * x_pitch : z_s) + k * rows + e, src + d.first + e);
   }
   for (int k = warp; k < heads; k += kThreads / 32) {
@@ -147,13 +148,6 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
     window_weights(raw_dt, 0, L - 1, head_value(p.A, head, 0.f), head_value(p.dt_bias, head, 0.f), p.dt_softplus,
                    weights + k * kMaxBufferLen, head_s + 4 * k);
     if (threadIdx.x % 32 == 0) head_s[4 * k + 1] = head_value(p.D, head, 0.f);
-  }
-  if constexpr (CheckpointFormat<S>::kScaled) {
-    for (int t = threadIdx.x; t < tile_rows; t += kThreads) {
-      const int k = t / rows;
-      scale_s[t] = p.state_scale[slot * p.scale_stride_slot + (d.first_head + k) * p.scale_stride_head + d.first +
-                                 t - k * rows];
-    }
   }
   wait_async_copies();
   wait_tile_all<Ly>(barrier);
@@ -172,7 +166,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
         t[q] = first + i;
         k[q] = min(t[q], tile_rows - 1) / rows;
         tile_row<S, Ly>(tile, i, count, lane, N, s[q]);
-        const float decay = head_s[4 * k[q]] * (CheckpointFormat<S>::kScaled && i < count ? scale_s[t[q]] : 1.f);
+        const float decay = head_s[4 * k[q]];
 #pragma unroll
         for (int v = 0; v < Ly::kVecsPerLane; ++v) {
 #pragma unroll
@@ -207,12 +201,8 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 #pragma unroll
       for (int q = 0; q < Ly::kRows; ++q) {
         const int i = t[q] - k[q] * rows;
-        store_checkpoint_row<S, Ly>(state + k[q] * p.state_stride_head + i * p.state_stride_p,
-                                    CheckpointFormat<S>::kScaled
-                                        ? p.state_scale + slot * p.scale_stride_slot +
-                                              (d.first_head + k[q]) * p.scale_stride_head + d.first + i
-                                        : nullptr,
-                                    t[q] < next, s[q], lane, N, false, nearest, 0);
+        store_checkpoint_row<S, Ly>(state + k[q] * p.state_stride_head + i * p.state_stride_p, nullptr, t[q] < next,
+                                    s[q], lane, N, false, nearest, 0);
         y[q] = slice_dot<Ly>(s[q], c);
       }
       row_group_sums<Ly::kLanes>(y);
@@ -233,7 +223,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 //   dot_i = scale_i (S0_i . C)
 // of `rows` head_dim rows from `first` of heads_per_cta heads of one group per CTA, every row of
 // every head, into the workspace (batch, H, P). Flush rows fold their window into their
-// checkpoints instead (flush_heads, part_rows > 0). A non-flush CTA reads its slot, its cursor, C
+// checkpoints instead (flush_heads, where part_rows > 0). A non-flush CTA reads its slot, its cursor, C
 // and its tile and nothing else, so that its life is one copy of its tile: a lean read of the
 // checkpoint. Corrupt cursors are skipped (the window kernel skips them too).
 template <typename S, typename Act, RowLayoutKind kKind>
@@ -255,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
   if (cursor < 0 || cursor >= int(p.buffer_len)) return;
-  if (cursor == int(p.buffer_len) - 1) {  // 8-bit checkpoints: always the flush kernel's (dot_flush_part_rows)
+  if (cursor == int(p.buffer_len) - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
     if constexpr (!CheckpointFormat<S>::kScaled)
       if (part_rows > 0) flush_heads<S, Act, kKind>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
     return;
@@ -305,8 +295,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 //   hist_i = sum_j weight_j (B_j . C) x_j[i] + D x_i;
 // then out_i = (decay dot_i + hist_i) silu(z_i). Pad rows and corrupt cursors are skipped, flush
 // rows are left to the dot or the flush kernel. Every CTA waits for the dot kernel before it
-// exits, so that this kernel's completion implies that one's. Its registers are capped at 64 (two CTAs of
-// kWindowThreads an SM): eight 128-thread CTAs an SM take a batch of 128 rows in one wave.
+// exits, so that this kernel's completion implies that one's. Its registers are capped at 64 (two
+// CTAs of kWindowThreads an SM): eight 128-thread CTAs an SM take a batch of 128 rows in one wave.
 template <typename Act, int kRows>
 __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
   __shared__ float coef[kMaxWindowHeads][kMaxBufferLen];  // each head's weights, then weight_j (B_j . C)
@@ -770,7 +760,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
 constexpr int kFlushMinCtasPerSm = 4;
 
 // The split path's third kernel where the dot kernel does not fold the flush rows
-// (dot_flush_part_rows), launched as the window kernel's programmatic dependent: the flush rows
+// (dot_flush_part_rows_for), launched as the window kernel's programmatic dependent: the flush rows
 // only (replay_rows, kFlushOnly), over a grid of (head, chunk) x (some CTAs per row of
 // heads: flush_ctas_per_chunk) that takes them by rank. It runs beside the kernels before it
 // without waiting for them: they touch no flush row's checkpoint. Every CTA waits for them before

@@ -82,13 +82,13 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   }
 
   // The split path (vectorised layouts, rounding to nearest: mamba2_cuda.cu): the checkpoint
-  // dots, the flush rows folded there too where dot_flush_part_rows says so; then, each as the
+  // dots, the flush rows folded there too where dot_flush_part_rows_for says so; then, each as the
   // programmatic dependent of the one before, so that its loads start while that one finishes, the
   // window kernel (non-flush rows' window work and outputs) and, for the other flush rows, the
   // flush kernel. Flush rows are few (one in L when rows are desynchronised): the flush grid has up
   // to ceil(batch / L) CTAs per (head, chunk), each looping over its share.
   const DotShape dot = dot_shape(p, sizeof(S), shape);
-  const int part_rows = dot_flush_part_rows(p, sizeof(S), dot, shape);
+  const int part_rows = dot_flush_part_rows_for(p, sizeof(S), dot, shape);
   config.gridDim = dim3(unsigned(p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows)),
                         unsigned(p.batch));
   config.dynamicSmemBytes = size_t(dot_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S)));
