@@ -62,6 +62,10 @@ inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowL
     heads *= 2;
   return {int(heads), int(p.head_dim)};
 }
+// CTAs of a dot kernel per batch row (blocks of heads x chunks of rows: dot_cta).
+inline int64_t dot_ctas_per_row(const Mamba2Params& p, const DotShape& dot) {
+  return p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows);
+}
 
 // Tile rows a flush row's CTA of the standard-decode dot kernel folds at a time (flush_heads), or 0
 // where the flush kernel takes the flush rows instead. Folding them in the dot kernel was measured
@@ -71,7 +75,7 @@ inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowL
 constexpr int64_t kDotFlushMinCtasPerSm = 24;
 inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
                                const RowLayout& layout) {
-  const int64_t ctas = p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows) * p.batch;
+  const int64_t ctas = dot_ctas_per_row(p, dot) * p.batch;
   const bool in_dot = state_bytes == 4 || (state_bytes == 2 && ctas >= kDotFlushMinCtasPerSm * sm_count());
   return in_dot ? int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, state_bytes, p.buffer_len,
                                           dtype_size(p.act_dtype), layout.batch_rows))

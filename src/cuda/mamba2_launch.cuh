@@ -89,8 +89,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   // to ceil(batch / L) CTAs per (head, chunk), each looping over its share.
   const DotShape dot = dot_shape(p, sizeof(S), shape);
   const int part_rows = dot_flush_part_rows_for(p, sizeof(S), dot, shape);
-  config.gridDim = dim3(unsigned(p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows)),
-                        unsigned(p.batch));
+  config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
   config.dynamicSmemBytes = size_t(dot_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S)));
   by_layout([&](auto kind) {
     if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)

@@ -842,7 +842,7 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   const bool short_window = p.window <= 4;
 
   const DotShape dot = dot_shape(p, sizeof(S), shape);
-  config.gridDim = dim3(unsigned(p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows)), unsigned(p.batch));
+  config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = size_t(spec_dot_smem_bytes(p, dot.heads, dot.rows));
   spec::with_layout(layout, [&](auto kind) {

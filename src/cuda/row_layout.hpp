@@ -24,8 +24,9 @@ constexpr int kBCOffset = kMaxBufferLen;
 constexpr int kDecayOffset = 2 * kMaxBufferLen;
 constexpr int kWindowZOffset = 2 * kMaxBufferLen + 4;  // z (rows), then the row scales (rows)
 
+constexpr int64_t round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 constexpr int64_t tile_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes) {
-  return (rows_per_cta * state_dim * state_bytes + 15) / 16 * 16;
+  return round16(rows_per_cta * state_dim * state_bytes);
 }
 // Floats between two tokens of the window's x: rows_per_cta rounded up to the 32 banks, plus the
 // row groups of a warp, so that the lanes of a warp reading x_j[i] (j = lane of the row group,
@@ -52,7 +53,6 @@ constexpr int64_t dot_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim,
 // bytes, in 16-byte pieces: each head's weights (kMaxBufferLen floats) and its decay and D (four
 // floats a head), then, as stored, C (N), B of the L tokens (L x N) and x of the CTA's tile rows for
 // each token (L x dot_flush_x_pitch), and z (tile rows).
-constexpr int64_t round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 constexpr int64_t dot_flush_x_pitch(int64_t tile_rows, int64_t act_bytes) {
   return round16(tile_rows * act_bytes) / act_bytes;
 }
