@@ -74,7 +74,7 @@ inline int64_t dot_ctas_per_row(const Mamba2Params& p, const DotShape& dot) {
 // long folds then hold their tiles' shared memory (notes/cuda.md, v17).
 constexpr int64_t kDotFlushMinCtasPerSm = 24;
 inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
-                               const RowLayout& layout) {
+                                   const RowLayout& layout) {
   const int64_t ctas = dot_ctas_per_row(p, dot) * p.batch;
   const bool in_dot = state_bytes == 4 || (state_bytes == 2 && ctas >= kDotFlushMinCtasPerSm * sm_count());
   return in_dot ? int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, state_bytes, p.buffer_len,
