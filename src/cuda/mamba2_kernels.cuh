@@ -314,50 +314,48 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
   const int first_head = group * hpg + (int(blockIdx.x) % chunks) * heads_per_cta;
   const int heads = min(heads_per_cta, (group + 1) * hpg - first_head);
   const int row = int(blockIdx.y);
-  const int64_t slot = device_slot(p, row);
-  if (slot < 0) return wait_for_prior_kernel();
-  const int cursor = load_one(p.cursors + slot * p.cursors_stride);
-  if (cursor < 0 || cursor >= L - 1) return wait_for_prior_kernel();
-  const int count = cursor + 1;
-
-  // This thread's rows: head k, rows [i, i + kRows). Their x and z of this step, and the first
-  // tokens of their cached x copied into shared memory (no registers held), in flight with the
-  // window's other loads.
-  const int per_head = P / kRows;
+  // First what this batch row's inputs give (its x, z and C, the heads' scalars and raw dt), in
+  // flight while the slot, then the cursor, come in.
+  const int per_head = P / kRows;  // this thread's rows: head k, rows [i, i + kRows)
   const int k = int(threadIdx.x) / per_head, i = (int(threadIdx.x) - k * per_head) * kRows;
   const bool has_rows = k < heads;
   const int h = first_head + k;
-  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
-  constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));  // cached tokens staged a round
-  Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // round token u: [u * blockDim.x]
-  auto stage_x = [&](int first) {
-#pragma unroll
-    for (int u = 0; u < kStaged; ++u)
-      if (first + u < cursor) copy_pack_async(x_staged + u * blockDim.x, x_hist + (first + u) * p.xc_stride_pos);
-  };
   Rows x_now{}, z_now{};
   if (has_rows) {
     x_now = load_pack<Act, kRows>(static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i);
     if (p.z)
       z_now = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + h * p.z_stride_head + i);
-    stage_x(0);
   }
-  // Each head's scalars and this step's raw dt, one head a thread (which appends the raw dt).
-  if (int(threadIdx.x) < heads) {
-    const int hq = first_head + int(threadIdx.x);
-    const float raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + hq * p.dt_stride_head);
-    raw_now_s[threadIdx.x] = raw_now;
-    A_s[threadIdx.x] = head_value(p.A, hq, 0.f);
-    bias_s[threadIdx.x] = head_value(p.dt_bias, hq, 0.f);
-    D_s[threadIdx.x] = head_value(p.D, hq, 0.f);
-    p.dt_cache[slot * p.dtc_stride_slot + hq * p.dtc_stride_head + cursor] = raw_now;
+  const bool head_thread = int(threadIdx.x) < heads;  // one head a thread
+  const int hq = first_head + int(threadIdx.x);
+  float raw_now = 0.f, A = 0.f, bias = 0.f, D = 0.f;
+  if (head_thread) {
+    raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + hq * p.dt_stride_head);
+    A = head_value(p.A, hq, 0.f);
+    bias = head_value(p.dt_bias, hq, 0.f);
+    D = head_value(p.D, hq, 0.f);
   }
+  // B_j . C is formed by warps, lane l taking the pieces of kPiece elements from n = kPiece
+  // (l + 32 v): B, C and the B cache are aligned to them on the split path (slice_access_bytes).
+  constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
+  using Piece = Pack<Act, kPiece>;
+  auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
+  const Act* C_now = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
+  float c[kPieces][kPiece];
+#pragma unroll
+  for (int v = 0; v < kPieces; ++v) {
+    const Piece q = has_piece(v) ? load_pack<Act, kPiece>(C_now + kPiece * (lane + 32 * v)) : Piece{};
+    widen_pack(q, c[v]);
+  }
+
+  const int64_t slot = device_slot(p, row);
+  if (slot < 0) return wait_for_prior_kernel();
   // Warp w forms the window weights and decay of heads w, w + warps, ... (the host gives every
-  // warp at most kWindowHeadsPerWarp heads), their cached raw dt loaded before the scalars are
-  // waited for: for windows of up to 16 tokens two heads a pass, lanes 16 s + t taking token t of
-  // the pass's head s (window_weights_16); else one head a pass, lanes l taking tokens l and
-  // l + 32 (window_weights).
-  const bool short_window = count <= 16;
+  // warp at most kWindowHeadsPerWarp heads); their cached raw dt is loaded before the cursor is
+  // known (tokens past it are replaced or dropped there). Windows of up to 16 tokens (L <= 17) take
+  // two heads a pass, lanes 16 s + t taking token t of the pass's head s (window_weights_16); longer
+  // ones one head a pass, lanes l taking tokens l and l + 32 (window_weights).
+  const bool short_window = L <= 17;
   auto pass_head = [&](int q) { return short_window ? warp + warps * (2 * q + lane / 16) : warp + warps * q; };
   auto pass_token = [&](int half) { return short_window ? lane % 16 : lane + 32 * half; };
   float raw_dt[kWindowHeadsPerWarp][2];
@@ -368,8 +366,29 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int j = pass_token(half);
-      raw_dt[q][half] = kq < heads && j < cursor && (half == 0 || !short_window) ? __ldg(dt_hist + j) : 0.f;
+      raw_dt[q][half] = kq < heads && j < L - 1 && (half == 0 || !short_window) ? __ldg(dt_hist + j) : 0.f;
     }
+  }
+  const int cursor = load_one(p.cursors + slot * p.cursors_stride);
+  if (cursor < 0 || cursor >= L - 1) return wait_for_prior_kernel();
+  const int count = cursor + 1;
+
+  // The first tokens of this thread's cached x, copied into shared memory (no registers held).
+  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
+  constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));  // cached tokens staged a round
+  Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // round token u: [u * blockDim.x]
+  auto stage_x = [&](int first) {
+#pragma unroll
+    for (int u = 0; u < kStaged; ++u)
+      if (first + u < cursor) copy_pack_async(x_staged + u * blockDim.x, x_hist + (first + u) * p.xc_stride_pos);
+  };
+  if (has_rows) stage_x(0);
+  if (head_thread) {  // the head's scalars for the CTA; its raw dt appended
+    raw_now_s[threadIdx.x] = raw_now;
+    A_s[threadIdx.x] = A;
+    bias_s[threadIdx.x] = bias;
+    D_s[threadIdx.x] = D;
+    p.dt_cache[slot * p.dtc_stride_slot + hq * p.dtc_stride_head + cursor] = raw_now;
   }
   __syncthreads();  // the heads' scalars
 #pragma unroll
@@ -387,22 +406,9 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     else
       window_weights(raw_dt[q], 0, cursor, A_s[kq], bias_s[kq], p.dt_softplus, coef[kq], &decay[kq]);
   }
-  // B_j . C for every token of the window, one warp per token (this step's B for the cursor's),
-  // lane l taking the pieces of kPiece elements from n = kPiece (l + 32 v): B, C and the B cache
-  // are aligned to them on the split path (slice_access_bytes).
-  const Act* C_now = static_cast<const Act*>(p.C) + row * p.C_stride_batch + group * p.C_stride_group;
+  // B_j . C for every token of the window, one warp per token (this step's B for the cursor's).
   const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
   Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;  // (L, N)
-  constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
-  using Piece = Pack<Act, kPiece>;
-  auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
-  float c[kPieces][kPiece];
-#pragma unroll
-  for (int v = 0; v < kPieces; ++v) {
-    const Piece q = warp < count && has_piece(v) ? load_pack<Act, kPiece>(C_now + kPiece * (lane + 32 * v)) : Piece{};
-#pragma unroll
-    for (int e = 0; e < kPiece; ++e) c[v][e] = to_float(q.v[e]);
-  }
   for (int j0 = warp; j0 < count; j0 += 2 * warps) {  // two tokens' loads in flight
     Piece b[2][kPieces];
 #pragma unroll
@@ -418,8 +424,10 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     for (int t = 0; t < 2; ++t) {
 #pragma unroll
       for (int v = 0; v < kPieces; ++v) {
+        float bf[kPiece];
+        widen_pack(b[t][v], bf);
 #pragma unroll
-        for (int e = 0; e < kPiece; ++e) sum[t] = fmaf(to_float(b[t][v].v[e]), c[v][e], sum[t]);
+        for (int e = 0; e < kPiece; ++e) sum[t] = fmaf(bf[e], c[v][e], sum[t]);
       }
     }
     row_group_sums<32>(sum);
@@ -445,8 +453,10 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     for (int r = 0; r < kRows; ++r) hist[r] = 0.f;
     auto add = [&](int j, const Rows& x_j) {
       const float a = coef[k][j];
+      float xf[kRows];
+      widen_pack(x_j, xf);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) hist[r] = fmaf(a, to_float(x_j.v[r]), hist[r]);
+      for (int r = 0; r < kRows; ++r) hist[r] = fmaf(a, xf[r], hist[r]);
     };
     for (int first = 0; first < cursor; first += kStaged) {
       if (first > 0) stage_x(first);  // a longer window: the next round of this thread's tokens

@@ -609,10 +609,11 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
 #pragma unroll
       for (int v = 0; v < kPieces; ++v) {
         if (t >= n || !has_piece(v)) continue;
-        float c_t[kPiece];
+        float c_t[kPiece], b_v[kPiece];
         load_piece(C_s + t * N + kPiece * (lane + 32 * v), c_t);
+        widen_pack(b[v], b_v);
 #pragma unroll
-        for (int e = 0; e < kPiece; ++e) sums[t] = fmaf(to_float(b[v].v[e]), c_t[e], sums[t]);
+        for (int e = 0; e < kPiece; ++e) sums[t] = fmaf(b_v[e], c_t[e], sums[t]);
       }
     }
     transposed_sums<32, kMaxT>(sums, lane);
@@ -646,12 +647,14 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
         const int j = round_first + u;
         if (j >= count) break;
         const Rows x_j = x_staged[u * blockDim.x];
+        float xf[kRows];
+        widen_pack(x_j, xf);
 #pragma unroll
         for (int t = 0; t < kMaxT; ++t) {
           if (t >= n) break;
           const float a = coef_k[t * layout.coef_stride + j];
 #pragma unroll
-          for (int q = 0; q < kRows; ++q) hist[t][q] = fmaf(a, to_float(x_j.v[q]), hist[t][q]);
+          for (int q = 0; q < kRows; ++q) hist[t][q] = fmaf(a, xf[q], hist[t][q]);
         }
         if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos, x_j);
       }
