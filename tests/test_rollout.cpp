@@ -93,7 +93,8 @@ std::vector<RolloutConfig> matrix_cases() {
   for (auto [geometry, L, route, state, act] :
        {std::tuple{kNemotronH, 16, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16},
         std::tuple{kMamba2_2p7b, 7, Route::kStateAndOutput, DT::kBFloat16, DT::kBFloat16},
-        std::tuple{kNemotronNano4b, 7, Route::kAuto, DT::kFloat32, DT::kFloat16}}) {
+        std::tuple{kNemotronNano4b, 7, Route::kAuto, DT::kFloat32, DT::kFloat16},
+        std::tuple{kNemotronNano4b, 24, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16}}) {
     c = config(geometry, L, route, state, act);
     c.requests = 2;
     c.foreign_slots = 1;
@@ -185,16 +186,20 @@ std::vector<RolloutConfig> on_every_backend(const std::vector<RolloutConfig>& ca
 }
 
 // Enough Nemotron-H rows that the split path's dot kernel folds a 16-bit state's flush rows itself
-// (dot_flush_part_rows_for: from 24 dot CTAs an SM; 57 rows make 27 on an H200): CUDA with a
-// workspace only.
+// (dot_flush_part_rows_for: from 24 dot CTAs an SM; 57 rows make 27 on an H200), for both 16-bit
+// formats: CUDA with a workspace only.
 std::vector<RolloutConfig> wide_batch_cases() {
-  RolloutConfig c = config(kNemotronH, 16, Route::kOutputOnly, DT::kBFloat16, DT::kBFloat16);
-  c.backend = Backend::kCuda;
-  c.workspace = true;
-  c.requests = 56;
-  c.steps = 40;
-  c.recycles = 0;
-  return {c};
+  std::vector<RolloutConfig> cases;
+  for (DT state : {DT::kBFloat16, DT::kFloat16}) {
+    RolloutConfig c = config(kNemotronH, 16, Route::kOutputOnly, state, DT::kBFloat16);
+    c.backend = Backend::kCuda;
+    c.workspace = true;
+    c.requests = 56;
+    c.steps = 40;
+    c.recycles = 0;
+    cases.push_back(c);
+  }
+  return cases;
 }
 
 class RolloutTest : public ::testing::TestWithParam<RolloutConfig> {};
