@@ -106,6 +106,13 @@ template <typename T> void widen(const T* src, float* dst, int64_t n) {
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// Asks for `bytes` from `p` ahead of their use (software prefetch, into L2).
+inline void prefetch(const void* p, int64_t bytes) {
+  constexpr int64_t kLine = 64;
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += kLine) __builtin_prefetch(c + b, 0, 2);
+}
+
 inline float head_scalar(const HeadScalar& s, int64_t h, float absent) {
   return s.data ? load_as<float>(s.data, s.dtype, h * s.stride) : absent;
 }
@@ -154,13 +161,18 @@ template <typename S, typename Act> class HeadKernel {
            p_.head_dim * n_pad_;
   }
 
-  void load_group(GroupWindow& gw, const void* const* B, int64_t row, int64_t g, float* work,
-                  bool with_bc) const {
+  // C of (row, group g), widened into `work` (the group window's scratch).
+  void load_C(GroupWindow& gw, int64_t row, int64_t g, float* work) const {
     const int64_t N = p_.state_dim;
     gw.C = work;
-    gw.Bf = work + n_pad_;
     widen(at<Act>(p_.C, row * p_.C_stride_batch + g * p_.C_stride_group), gw.C, N);
     std::fill(gw.C + N, gw.C + n_pad_, 0.f);
+  }
+
+  // The window's B_j (at B[j], j < count), widened after C (load_C), and B_j . C when with_bc.
+  void load_tokens(GroupWindow& gw, const void* const* B, bool with_bc) const {
+    const int64_t N = p_.state_dim;
+    gw.Bf = gw.C + n_pad_;
     for (int64_t j = 0; j < gw.count; ++j) {
       float* b = gw.Bf + j * n_pad_;
       widen(static_cast<const Act*>(B[j]), b, N);

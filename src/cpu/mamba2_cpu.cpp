@@ -47,7 +47,20 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
                             : nullptr;
       for (int64_t j = 0; j < fill; ++j) B[j] = B_hist + j * replay->Bc_stride_pos * act;
       B[fill] = at<Act>(p.B, row * p.B_stride_batch + g * p.B_stride_group);
-      kernel.load_group(gw, B, row, g, work, row_output_only);
+      kernel.load_C(gw, row, g, work);
+      // The window's cached B, x and raw dt, asked for now: they arrive while the checkpoint
+      // streams in, instead of a round trip each after it.
+      for (int64_t j = 0; j < fill; ++j) {
+        prefetch(B[j], p.state_dim * act);
+        for (int64_t h = h_begin; h < h_end; ++h)
+          prefetch(at<Act>(replay->x_cache, slot * replay->xc_stride_slot + h * replay->xc_stride_head +
+                                                j * replay->xc_stride_pos),
+                   p.head_dim * act);
+      }
+      if (fill > 0)
+        for (int64_t h = h_begin; h < h_end; ++h)
+          prefetch(replay->dt_cache + slot * replay->dtc_stride_slot + h * replay->dtc_stride_head,
+                   fill * int64_t(sizeof(float)));
       S* group_state = at<S>(p.state, slot * p.state_stride_slot + h_begin * p.state_stride_head);
       float* group_scale = replay && replay->state_scale
                                ? replay->state_scale + slot * replay->scale_stride_slot +
@@ -56,6 +69,7 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
       if (row_output_only)
         kernel.checkpoint_dots(group_state, group_scale, group_scale ? replay->scale_stride_head : 0,
                                h_end - h_begin, gw.C, dots);
+      kernel.load_tokens(gw, B, row_output_only);
       FlushRandomBits random = replay && flush ? flush_random_bits(*replay, slot) : FlushRandomBits(0, 0, 0, 0);
 
       for (int64_t h = h_begin; h < h_end; ++h) {
