@@ -47,20 +47,23 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
                             : nullptr;
       for (int64_t j = 0; j < fill; ++j) B[j] = B_hist + j * replay->Bc_stride_pos * act;
       B[fill] = at<Act>(p.B, row * p.B_stride_batch + g * p.B_stride_group);
+      // Head h's cached x (position stride xc_stride_pos) and raw dt (replay only).
+      auto x_hist_of = [&](int64_t h) {
+        return at<Act>(replay->x_cache, slot * replay->xc_stride_slot + h * replay->xc_stride_head);
+      };
+      auto dt_hist_of = [&](int64_t h) {
+        return replay->dt_cache + slot * replay->dtc_stride_slot + h * replay->dtc_stride_head;
+      };
       kernel.load_C(gw, row, g, work);
       // The window's cached B, x and raw dt, asked for now: they arrive while the checkpoint
       // streams in, instead of a round trip each after it.
       for (int64_t j = 0; j < fill; ++j) {
         prefetch(B[j], p.state_dim * act);
         for (int64_t h = h_begin; h < h_end; ++h)
-          prefetch(at<Act>(replay->x_cache, slot * replay->xc_stride_slot + h * replay->xc_stride_head +
-                                                j * replay->xc_stride_pos),
-                   p.head_dim * act);
+          prefetch(x_hist_of(h) + j * replay->xc_stride_pos, p.head_dim * act);
       }
       if (fill > 0)
-        for (int64_t h = h_begin; h < h_end; ++h)
-          prefetch(replay->dt_cache + slot * replay->dtc_stride_slot + h * replay->dtc_stride_head,
-                   fill * int64_t(sizeof(float)));
+        for (int64_t h = h_begin; h < h_end; ++h) prefetch(dt_hist_of(h), fill * int64_t(sizeof(float)));
       S* group_state = at<S>(p.state, slot * p.state_stride_slot + h_begin * p.state_stride_head);
       float* group_scale = replay && replay->state_scale
                                ? replay->state_scale + slot * replay->scale_stride_slot +
@@ -74,12 +77,8 @@ template <typename S, typename Act> void decode(const Mamba2Params& p, const Rep
 
       for (int64_t h = h_begin; h < h_end; ++h) {
         HeadWindow hw;
-        Act* x_hist = replay ? at<Act>(replay->x_cache,
-                                       slot * replay->xc_stride_slot + h * replay->xc_stride_head)
-                             : nullptr;
-        float* dt_hist =
-            replay ? replay->dt_cache + slot * replay->dtc_stride_slot + h * replay->dtc_stride_head
-                   : nullptr;
+        Act* x_hist = replay ? x_hist_of(h) : nullptr;
+        float* dt_hist = replay ? dt_hist_of(h) : nullptr;
         for (int64_t j = 0; j < fill; ++j) {
           hw.x[j] = x_hist + j * replay->xc_stride_pos;
           raw_dt[j] = dt_hist[j];
