@@ -26,9 +26,24 @@ namespace {
 constexpr int64_t kCopyBufferBytes = int64_t(2) << 30;
 constexpr int kCopyRepetitions = 21;
 // Layer copies span at least twice the L2 in state, and no less than the 256 MiB that bench treats
-// as cold on any device.
+// as cold on any device; their history caches (x, B and raw dt of every slot) span twice the L2
+// too, since checkpoints read with an evict-first hint would otherwise leave one layer's history
+// in the L2 from one step to the next, where in a model the other layers' traffic evicts it.
 constexpr int64_t kL2Multiple = 2;
 constexpr int64_t kMinRotatedBytes = int64_t(256) << 20;
+
+// Layer copies for cold state and history: layer_state_bytes and layer_history_bytes a copy.
+int64_t cold_layers(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_history_bytes) {
+  auto copies = [](int64_t target, int64_t bytes) { return (target + bytes - 1) / bytes; };
+  return std::max<int64_t>({1, copies(std::max(kL2Multiple * l2_bytes, kMinRotatedBytes), layer_state_bytes),
+                            copies(kL2Multiple * l2_bytes, layer_history_bytes)});
+}
+
+// A layer's history of `positions` tokens a slot: x (H, P) and B (G, N) in the activation dtype,
+// raw dt (H) in fp32.
+int64_t history_bytes(const Geometry& g, int64_t slots, int64_t positions, DType act) {
+  return slots * positions * ((g.heads * g.head_dim + g.groups * g.state_dim) * dtype_size(act) + g.heads * 4);
+}
 constexpr uint64_t kSeed = 1;
 
 void check(cudaError_t status, const char* call, int line) {
@@ -164,10 +179,10 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   const int64_t layer_state_bytes = state_bytes(config);
 
   ConfigTiming timing;
-  const int64_t cold = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
-  timing.layers = std::max<int64_t>(1, (cold + layer_state_bytes - 1) / layer_state_bytes);
+  timing.layers = cold_layers(l2_bytes, layer_state_bytes,
+                              history_bytes(config.geometry, config.batch, config.buffer_len, config.act_dtype));
   timing.rotated_state_bytes = timing.layers * layer_state_bytes;
-  timing.cold_bytes = cold;
+  timing.cold_bytes = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
   const std::unique_ptr<Memory> memory = make_cuda_memory();
   uint64_t seed = kSeed;
   const BenchModel model(*memory, config, timing.layers, [&](Tensor& t, double lo, double hi) {
@@ -207,7 +222,9 @@ ConfigTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
   const int64_t layer_bytes = spec_layer_state_bytes(config);
   ConfigTiming timing;
   timing.cold_bytes = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
-  timing.layers = std::max<int64_t>(1, (timing.cold_bytes + layer_bytes - 1) / layer_bytes);
+  timing.layers = cold_layers(l2_bytes, layer_bytes,
+                              history_bytes(config.geometry, config.batch,
+                                            spec_ring_len(config.buffer_len, config.window), config.act_dtype));
   timing.rotated_state_bytes = timing.layers * layer_bytes;
   const std::unique_ptr<Memory> memory = make_cuda_memory();
   const SpecPlan plan = plan_spec(config);

@@ -100,13 +100,29 @@ __device__ __forceinline__ void barrier_expect_bytes(uint64_t* barrier, unsigned
                : "memory");
 }
 
+// The L2 policy of a tile's copy. ReplaySSM reads each checkpoint row once a step: evict-first
+// keeps the step's small data (the dot kernel's dots, the window's history and inputs) in the L2
+// for the kernels after it (H200, Nemotron-H, batch 128: a 16-bit checkpoint's step 91.0 -> 89.2
+// us, notes/cuda.md v19). The baselines' states keep the normal policy (slower with evict-first).
+enum class L2Hint { kNormal, kEvictFirst };
+
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
-                                                    uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          shared_address(dst)),
-      "l"(src), "r"(bytes), "r"(shared_address(barrier))
-      : "memory");
+                                                    uint64_t* barrier, L2Hint hint) {
+  if (hint == L2Hint::kEvictFirst) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+        "%4;" ::"r"(shared_address(dst)),
+        "l"(src), "r"(bytes), "r"(shared_address(barrier)), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            shared_address(dst)),
+        "l"(src), "r"(bytes), "r"(shared_address(barrier))
+        : "memory");
+  }
 }
 
 // The waiting thread may be suspended until the phase completes (the hint: at most 1 ms) instead
@@ -337,7 +353,7 @@ template <typename Ly> __device__ __forceinline__ int64_t row_elements(int64_t N
 // generic one (visible after the next __syncthreads).
 template <typename S, typename Ly>
 __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t stride_p,
-                                                int rows, int64_t N, uint64_t* barrier) {
+                                                int rows, int64_t N, uint64_t* barrier, L2Hint hint) {
   if constexpr (Ly::kMasked) {
     const int count = rows * int(N);
     for (int idx = threadIdx.x; idx < count; idx += kThreads) {
@@ -350,10 +366,10 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
       barrier_init(barrier);
       barrier_expect_bytes(barrier, row_bytes * unsigned(rows));
       if (stride_p == Ly::kCoverN) {
-        bulk_copy_to_shared(tile, state, row_bytes * unsigned(rows), barrier);
+        bulk_copy_to_shared(tile, state, row_bytes * unsigned(rows), barrier, hint);
       } else {
         for (int i = 0; i < rows; ++i)
-          bulk_copy_to_shared(tile + i * Ly::kCoverN, state + i * stride_p, row_bytes, barrier);
+          bulk_copy_to_shared(tile + i * Ly::kCoverN, state + i * stride_p, row_bytes, barrier, hint);
       }
     }
   }
@@ -367,7 +383,7 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
 template <typename S>
 __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, int64_t stride_head,
                                                       int64_t stride_p, int rows, int first, int count,
-                                                      int N, uint64_t* barrier) {
+                                                      int N, uint64_t* barrier, L2Hint hint) {
   if (threadIdx.x != 0) return;
   const unsigned row_bytes = unsigned(N * sizeof(S));
   if (first == 0)
@@ -380,9 +396,9 @@ __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, i
     S* dst = tile + (begin - first) * N;
     const S* src = state + k * stride_head + (begin - k * rows) * stride_p;
     if (stride_p == N) {
-      bulk_copy_to_shared(dst, src, row_bytes * unsigned(end - begin), barrier);
+      bulk_copy_to_shared(dst, src, row_bytes * unsigned(end - begin), barrier, hint);
     } else {
-      for (int i = 0; i < end - begin; ++i) bulk_copy_to_shared(dst + i * N, src + i * stride_p, row_bytes, barrier);
+      for (int i = 0; i < end - begin; ++i) bulk_copy_to_shared(dst + i * N, src + i * stride_p, row_bytes, barrier, hint);
     }
   }
 }

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) state_update_kernel(c
   const int64_t slot = device_slot(p, w.row);
   if (slot < 0) return;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal);
 
   const int64_t g = w.group;
   const float A = head_value(p.A, w.head, 0.f);
@@ -113,7 +113,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + d.first_head * p.state_stride_head +
              d.first * p.state_stride_p;
   start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, min(part_rows, tile_rows), N,
-                        barrier);
+                        barrier, L2Hint::kEvictFirst);
   // The window by asynchronous copies of 4 elements: C, B_j (cached, then this step's), x_j and z
   // of the tile rows.
   auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
@@ -176,7 +176,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
       if (batch == batches - 1 && next < tile_rows) {  // the part is in registers: the next one may land
         __syncthreads();
         start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, next,
-                              min(part_rows, tile_rows - next), N, barrier);
+                              min(part_rows, tile_rows - next), N, barrier, L2Hint::kEvictFirst);
       }
       // Each token's B slice widened once for the batch's rows.
       auto widened = [&](const Act* v, float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
@@ -252,7 +252,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   }
   const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                    first_head * p.state_stride_head + first * p.state_stride_p;
-  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier);
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
+                        L2Hint::kEvictFirst);
   float c[Ly::kVecsPerLane][Ly::kVec];
   load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                      first_head / int(p.heads_per_group) * p.C_stride_group,
@@ -517,7 +518,7 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   float* B_s = x_s + (p.buffer_len * pitch + 3) / 4 * 4;  // (count, N), kFlushOnly; 16-byte aligned
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst);
 
   const int64_t g = w.group;
   const int L = int(p.buffer_len);

@@ -177,7 +177,7 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const int warp = threadIdx.x / 32;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier);
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst);
 
   const VerifyRow r = verify_row(p, w.row, slot);
   const int origin = r.origin, c = r.committed, n = r.tokens;
@@ -448,7 +448,8 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   start_heads_tile_load(tile,
                         static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                             first_head * p.state_stride_head + first * p.state_stride_p,
-                        p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier);
+                        p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
+                        L2Hint::kEvictFirst);
   const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                  first_head / int(p.heads_per_group) * p.C_stride_group;
   for (int k = threadIdx.x; k < N; k += kThreads) {
@@ -713,7 +714,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   if (!valid_slot(source)) return;
   const int64_t head_offset = w.head * p.state_stride_head + w.first * p.state_stride_p;
   start_tile_load<S, Ly>(tile, static_cast<const S*>(p.state) + source * p.state_stride_slot + head_offset,
-                         p.state_stride_p, w.rows, N, barrier);
+                         p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal);
   S* states[kMaxSpecWindow];  // the chunk's rows in each position's slot
   bool slots_valid = true;
 #pragma unroll
