@@ -230,8 +230,8 @@ constexpr const char* kSummary =
     "ReplaySSM (replay_decode + replay_advance), each the median over windows of L steps\n"
     "(flushes included, rows desynchronised), the modelled bytes per step (method.md section 8,\n"
     "whole layer), the achieved GB/s and its share of the copy bandwidth measured in the same\n"
-    "run, and the speedup. Layer copies are rotated so that every step reads its state from\n"
-    "memory. With --spec T: speculative decoding instead (see 'replayssm bench --spec 4 --help').";
+    "run, and the speedup. Layer copies are rotated so that every step reads its state (and on\n"
+    "CUDA its history) from memory. With --spec T: speculative decoding instead (see 'replayssm bench --spec 4 --help').";
 
 // --baseline-state-dtype: selective_state_update keeps no 8-bit state.
 DType parse_baseline_state_dtype(const std::string& flag, const std::string& text) {

@@ -31,6 +31,7 @@ constexpr int kCopyRepetitions = 21;
 // in the L2 from one step to the next, where in a model the other layers' traffic evicts it.
 constexpr int64_t kL2Multiple = 2;
 constexpr int64_t kMinRotatedBytes = int64_t(256) << 20;
+constexpr uint64_t kSeed = 1;
 
 // Layer copies for cold state and history: layer_state_bytes and layer_history_bytes a copy.
 int64_t cold_layers(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_history_bytes) {
@@ -44,7 +45,6 @@ int64_t cold_layers(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_h
 int64_t history_bytes(const Geometry& g, int64_t slots, int64_t positions, DType act) {
   return slots * positions * ((g.heads * g.head_dim + g.groups * g.state_dim) * dtype_size(act) + g.heads * 4);
 }
-constexpr uint64_t kSeed = 1;
 
 void check(cudaError_t status, const char* call, int line) {
   if (status != cudaSuccess)
