@@ -162,7 +162,7 @@ int run(int argc, char** argv) {
     const int64_t state_bytes = batch * H * P * N * dtype_size(state_dtype);
     // Layer copies span twice the L2 in state and in history (x, B and raw dt caches), as in
     // `replayssm bench`.
-    const int64_t history_bytes = batch * L * ((H * P + G * N) * dtype_size(act) + H * 4);
+    const int64_t history_bytes = batch * int64_t(tool::history_slot_bytes(g, L, act));
     const int64_t layers = std::max<int64_t>(
         {1, (2 * int64_t(l2) + state_bytes - 1) / state_bytes, (2 * int64_t(l2) + history_bytes - 1) / history_bytes});
     std::vector<std::unique_ptr<LayerCache>> caches;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "byte_model.hpp"
 #include "spec_bench.hpp"
 #include "replayssm/error.hpp"
 #include "replayssm/mamba2_spec.hpp"
@@ -40,10 +41,9 @@ int64_t cold_layers(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_h
                             copies(kL2Multiple * l2_bytes, layer_history_bytes)});
 }
 
-// A layer's history of `positions` tokens a slot: x (H, P) and B (G, N) in the activation dtype,
-// raw dt (H) in fp32.
+// A layer's history caches: `positions` inputs of every slot.
 int64_t history_bytes(const Geometry& g, int64_t slots, int64_t positions, DType act) {
-  return slots * positions * ((g.heads * g.head_dim + g.groups * g.state_dim) * dtype_size(act) + g.heads * 4);
+  return slots * int64_t(history_slot_bytes(g, positions, act));
 }
 
 void check(cudaError_t status, const char* call, int line) {

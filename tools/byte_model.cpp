@@ -67,9 +67,12 @@ double baseline_spec_slot_bytes(const Geometry& g, int64_t window, DType state) 
 }
 
 double replay_spec_slot_bytes(const Geometry& g, int64_t ring_len, DType state, DType act) {
+  return standard_slot_bytes(g, state) + history_slot_bytes(g, ring_len, act);
+}
+
+double history_slot_bytes(const Geometry& g, int64_t positions, DType act) {
   const double a = double(dtype_size(act));
-  const double ring_entry = double(g.heads) * (double(g.head_dim) * a + 4) + double(g.groups * g.state_dim) * a;
-  return standard_slot_bytes(g, state) + double(ring_len) * ring_entry;
+  return double(positions) * (double(g.heads) * (double(g.head_dim) * a + 4) + double(g.groups * g.state_dim) * a);
 }
 
 }  // namespace replayssm::tool

@@ -26,9 +26,11 @@ double replay_spec_bytes_per_step(const Geometry& g, int64_t batch, int64_t wind
                                   double history, DType state, DType act);
 
 // Bytes one slot holds per layer: the standard decode state; the baseline speculative path's T
-// states; ReplaySSM's checkpoint plus its ring of R inputs.
+// states; ReplaySSM's checkpoint plus its ring of R inputs; a history of `positions` inputs (x, B
+// and raw dt: ReplaySSM's caches).
 double standard_slot_bytes(const Geometry& g, DType state);
 double baseline_spec_slot_bytes(const Geometry& g, int64_t window, DType state);
 double replay_spec_slot_bytes(const Geometry& g, int64_t ring_len, DType state, DType act);
+double history_slot_bytes(const Geometry& g, int64_t positions, DType act);
 
 }  // namespace replayssm::tool
