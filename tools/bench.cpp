@@ -231,7 +231,8 @@ constexpr const char* kSummary =
     "(flushes included, rows desynchronised), the modelled bytes per step (method.md section 8,\n"
     "whole layer), the achieved GB/s and its share of the copy bandwidth measured in the same\n"
     "run, and the speedup. Layer copies are rotated so that every step reads its state (and on\n"
-    "CUDA its history) from memory. With --spec T: speculative decoding instead (see 'replayssm bench --spec 4 --help').";
+    "CUDA its history) from memory. With --spec T: speculative decoding instead (see\n"
+    "'replayssm bench --spec 4 --help').";
 
 // --baseline-state-dtype: selective_state_update keeps no 8-bit state.
 DType parse_baseline_state_dtype(const std::string& flag, const std::string& text) {

@@ -34,10 +34,13 @@ constexpr int64_t kL2Multiple = 2;
 constexpr int64_t kMinRotatedBytes = int64_t(256) << 20;
 constexpr uint64_t kSeed = 1;
 
+// The state the layer copies span at least.
+int64_t cold_state_bytes(int64_t l2_bytes) { return std::max(kL2Multiple * l2_bytes, kMinRotatedBytes); }
+
 // Layer copies for cold state and history: layer_state_bytes and layer_history_bytes a copy.
 int64_t cold_layers(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_history_bytes) {
   auto copies = [](int64_t target, int64_t bytes) { return (target + bytes - 1) / bytes; };
-  return std::max<int64_t>({1, copies(std::max(kL2Multiple * l2_bytes, kMinRotatedBytes), layer_state_bytes),
+  return std::max<int64_t>({1, copies(cold_state_bytes(l2_bytes), layer_state_bytes),
                             copies(kL2Multiple * l2_bytes, layer_history_bytes)});
 }
 
@@ -182,7 +185,7 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   timing.layers = cold_layers(l2_bytes, layer_state_bytes,
                               history_bytes(config.geometry, config.batch, config.buffer_len, config.act_dtype));
   timing.rotated_state_bytes = timing.layers * layer_state_bytes;
-  timing.cold_bytes = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
+  timing.cold_bytes = cold_state_bytes(l2_bytes);
   const std::unique_ptr<Memory> memory = make_cuda_memory();
   uint64_t seed = kSeed;
   const BenchModel model(*memory, config, timing.layers, [&](Tensor& t, double lo, double hi) {
@@ -221,7 +224,7 @@ ConfigTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
   BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
   const int64_t layer_bytes = spec_layer_state_bytes(config);
   ConfigTiming timing;
-  timing.cold_bytes = std::max(kL2Multiple * l2_bytes, kMinRotatedBytes);
+  timing.cold_bytes = cold_state_bytes(l2_bytes);
   timing.layers = cold_layers(l2_bytes, layer_bytes,
                               history_bytes(config.geometry, config.batch,
                                             spec_ring_len(config.buffer_len, config.window), config.act_dtype));
