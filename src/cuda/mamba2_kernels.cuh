@@ -524,11 +524,59 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   float* B_s = x_s + (p.buffer_len * pitch + 3) / 4 * 4;  // (count, N), kFlushOnly; 16-byte aligned
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst);
-
   const int64_t g = w.group;
   const int L = int(p.buffer_len);
-  const int cursor = cursor_of();
+  const int cursor = cursor_of();  // issued ahead of the tile's copy (see kSpeculative)
+  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
+                w.head * p.xc_stride_head + w.first;  // (L, rows), position stride xc_stride_pos
+  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
+                g * p.Bc_stride_group;  // (L, N), position stride Bc_stride_pos
+  float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + w.head * p.dtc_stride_head;  // (L)
+  // Thread t stages the window's x of chunk row i_x for tokens j_x, j_x + x_step, ...
+  const int x_step = kThreads / rows_per_cta;
+  const int i_x = threadIdx.x % rows_per_cta, j_x = threadIdx.x / rows_per_cta;
+  const bool stages_x = i_x < w.rows && j_x < x_step;
+  // The window's first loads (raw dt, B_j of the first tokens of each row group, the first x values
+  // of each thread) are all issued before any is used: one memory round trip for windows up to
+  // kEarlyRounds * row_groups tokens and kEarlyX * x_step tokens of x (L = 16 with whole heads of
+  // 64); the loops after the cursor finish longer windows. kSpeculative: the history of every
+  // position of the buffer is asked for before the cursor is known, ahead of the tile's copy
+  // (behind it, these loads and the cursor's wait for much of the copy; notes/cuda.md v20); this
+  // step's B is then held for the row group of the cursor, so only where a lane's B slices take at
+  // most 32 bytes (more spill under the register cap).
+  constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups, kEarlyX = 8;
+  constexpr bool kSpeculative = kEarlyRounds * Ly::kVecsPerLane * sizeof(Pack<Act, Ly::kVec>) <= 32;
+  float raw_dt[2] = {0.f, 0.f};
+  Pack<Act, Ly::kVec> b_early[kEarlyRounds][Ly::kVecsPerLane];
+  Act x_early[kEarlyX];
+  // The early loads of positions j < end: raw dt from the cache (dt_end), B (where loads_B: for
+  // B_j . C or kFlushOnly's staged B) and x from B_at(j) and x_at(j).
+  auto load_early = [&](int dt_end, int end, bool loads_B, const auto& B_at, const auto& x_at) {
+    if (threadIdx.x < 32) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = threadIdx.x + 32 * h;
+        if (j < dt_end) raw_dt[h] = __ldg(dt_hist + j);
+      }
+    }
+    if (loads_B) {
+#pragma unroll
+      for (int r = 0; r < kEarlyRounds; ++r) {
+        const int j = r * Ly::kRowGroups + group;
+        if (j < end) load_slice_packs<Ly>(B_at(j), lane, N, b_early[r]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kEarlyX; ++u) {
+      const int j = j_x + u * x_step;
+      if (stages_x && j < end) x_early[u] = x_at(j);
+    }
+  };
+  const bool may_use_B = output_only || kFlushOnly;  // flush rows of the fused kernel do not
+  if constexpr (kSpeculative)
+    load_early(L, L, may_use_B, [&](int j) { return B_hist + j * p.Bc_stride_pos; },
+               [&](int j) { return load_one(x_hist + j * p.xc_stride_pos + i_x); });
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst);
   // Loads that do not depend on the cursor, in flight together with it.
   const float A = head_value(p.A, w.head, 0.f);
   const float bias = head_value(p.dt_bias, w.head, 0.f);
@@ -542,6 +590,9 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
                  lane, N, c);
   const Act* x_now = static_cast<const Act*>(p.x) + w.row * p.x_stride_batch +
                      w.head * p.x_stride_head + w.first;  // (rows)
+  Pack<Act, Ly::kVec> b_now[Ly::kVecsPerLane];  // kSpeculative: this step's B and x, for the cursor
+  if (kSpeculative && may_use_B) load_slice_packs<Ly>(B_now, lane, N, b_now);
+  const Act x_now_mine = kSpeculative && stages_x ? load_one(x_now + i_x) : Act{};
   const bool gated = p.z != nullptr;
   const float z_mine =  // z of chunk row threadIdx.x (rows_per_cta <= kThreads)
       gated && int(threadIdx.x) < w.rows
@@ -569,16 +620,7 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   const int count = cursor + 1;
   const bool flush = cursor == L - 1;
   const bool form_state = flush || !output_only;
-  Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
-                w.head * p.xc_stride_head + w.first;  // (L, rows), position stride xc_stride_pos
-  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
-                g * p.Bc_stride_group;  // (L, N), position stride Bc_stride_pos
-  float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + w.head * p.dtc_stride_head;  // (L)
   auto B_of = [&](int j) { return j < cursor ? B_hist + j * p.Bc_stride_pos : B_now; };
-  // Thread t stages the window's x of chunk row i_x for tokens j_x, j_x + x_step, ...
-  const int x_step = kThreads / rows_per_cta;
-  const int i_x = threadIdx.x % rows_per_cta, j_x = threadIdx.x / rows_per_cta;
-  const bool stages_x = i_x < w.rows && j_x < x_step;
   auto x_of = [&](int j) {
     return load_one(j < cursor ? x_hist + j * p.xc_stride_pos + i_x : x_now + i_x);
   };
@@ -587,32 +629,25 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
     if (j == cursor && !flush) x_hist[cursor * p.xc_stride_pos + i_x] = v;
   };
 
-  // The window's loads (raw dt, B_j of the first tokens of each row group, the first x values of
-  // each thread) are all issued before any is used: one memory round trip for windows up to
-  // kEarlyRounds * row_groups tokens and kEarlyX * x_step tokens of x (L = 16 with whole heads of
-  // 64); the loops after them finish longer windows.
-  constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups, kEarlyX = 8;
-  float raw_dt[2] = {raw_dt_now, raw_dt_now};
-  if (threadIdx.x < 32) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = threadIdx.x + 32 * h;
-      if (j < cursor) raw_dt[h] = __ldg(dt_hist + j);
-    }
-  }
-  Pack<Act, Ly::kVec> b_early[kEarlyRounds][Ly::kVecsPerLane];
-  if (!form_state || kFlushOnly) {
+  if constexpr (kSpeculative) {  // this step's token at the cursor
 #pragma unroll
     for (int r = 0; r < kEarlyRounds; ++r) {
-      const int j = r * Ly::kRowGroups + group;
-      if (j < count) load_slice_packs<Ly>(B_of(j), lane, N, b_early[r]);
-    }
-  }
-  Act x_early[kEarlyX];
+      if (r * Ly::kRowGroups + group == cursor) {
 #pragma unroll
-  for (int u = 0; u < kEarlyX; ++u) {
-    const int j = j_x + u * x_step;
-    if (stages_x && j < count) x_early[u] = x_of(j);
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) b_early[r][v] = b_now[v];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kEarlyX; ++u) {
+      if (j_x + u * x_step == cursor) x_early[u] = x_now_mine;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (int(threadIdx.x) + 32 * h >= cursor) raw_dt[h] = raw_dt_now;
+    }
+  } else {
+    raw_dt[0] = raw_dt[1] = raw_dt_now;
+    load_early(cursor, count, !form_state || kFlushOnly, B_of, x_of);
   }
 
   if (threadIdx.x < 32) {
