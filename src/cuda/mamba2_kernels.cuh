@@ -549,8 +549,8 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   float raw_dt[2] = {0.f, 0.f};
   Pack<Act, Ly::kVec> b_early[kEarlyRounds][Ly::kVecsPerLane];
   Act x_early[kEarlyX];
-  // The early loads of positions j < end: raw dt from the cache (dt_end), B (where loads_B: for
-  // B_j . C or kFlushOnly's staged B) and x from B_at(j) and x_at(j).
+  // The early loads of positions j < end: raw dt from the cache (before dt_end), B (where loads_B)
+  // and x from B_at(j) and x_at(j).
   auto load_early = [&](int dt_end, int end, bool loads_B, const auto& B_at, const auto& x_at) {
     if (threadIdx.x < 32) {
 #pragma unroll
@@ -572,7 +572,8 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
       if (stages_x && j < end) x_early[u] = x_at(j);
     }
   };
-  const bool may_use_B = output_only || kFlushOnly;  // flush rows of the fused kernel do not
+  // The rows that may use the early B: output-only ones (B_j . C) and kFlushOnly's (staged B).
+  const bool may_use_B = output_only || kFlushOnly;
   if constexpr (kSpeculative)
     load_early(L, L, may_use_B, [&](int j) { return B_hist + j * p.Bc_stride_pos; },
                [&](int j) { return load_one(x_hist + j * p.xc_stride_pos + i_x); });
