@@ -160,11 +160,8 @@ int run(int argc, char** argv) {
 
   for (const int64_t batch : batches) {
     const int64_t state_bytes = batch * H * P * N * dtype_size(state_dtype);
-    // Layer copies span twice the L2 in state and in history (x, B and raw dt caches), as in
-    // `replayssm bench`.
-    const int64_t history_bytes = batch * int64_t(tool::history_slot_bytes(g, L, act));
-    const int64_t layers = std::max<int64_t>(
-        {1, (2 * int64_t(l2) + state_bytes - 1) / state_bytes, (2 * int64_t(l2) + history_bytes - 1) / history_bytes});
+    const int64_t layers =
+        tool::cold_layer_copies(l2, state_bytes, batch * int64_t(tool::history_slot_bytes(g, L, act)));
     std::vector<std::unique_ptr<LayerCache>> caches;
     for (int64_t i = 0; i < layers; ++i)
       caches.push_back(std::make_unique<LayerCache>(state_dtype, act, batch, H, P, N, G, L));

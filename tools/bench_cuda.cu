@@ -26,23 +26,7 @@ namespace {
 
 constexpr int64_t kCopyBufferBytes = int64_t(2) << 30;
 constexpr int kCopyRepetitions = 21;
-// Layer copies span at least twice the L2 in state, and no less than the 256 MiB that bench treats
-// as cold on any device; their history caches (x, B and raw dt of every slot) span twice the L2
-// too, since checkpoints read with an evict-first hint would otherwise leave one layer's history
-// in the L2 from one step to the next, where in a model the other layers' traffic evicts it.
-constexpr int64_t kL2Multiple = 2;
-constexpr int64_t kMinRotatedBytes = int64_t(256) << 20;
 constexpr uint64_t kSeed = 1;
-
-// The state the layer copies span at least.
-int64_t cold_state_bytes(int64_t l2_bytes) { return std::max(kL2Multiple * l2_bytes, kMinRotatedBytes); }
-
-// Layer copies for cold state and history: layer_state_bytes and layer_history_bytes a copy.
-int64_t cold_layers(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_history_bytes) {
-  auto copies = [](int64_t target, int64_t bytes) { return (target + bytes - 1) / bytes; };
-  return std::max<int64_t>({1, copies(cold_state_bytes(l2_bytes), layer_state_bytes),
-                            copies(kL2Multiple * l2_bytes, layer_history_bytes)});
-}
 
 // A layer's history caches: `positions` inputs of every slot.
 int64_t history_bytes(const Geometry& g, int64_t slots, int64_t positions, DType act) {
@@ -182,7 +166,7 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   const int64_t layer_state_bytes = state_bytes(config);
 
   ConfigTiming timing;
-  timing.layers = cold_layers(l2_bytes, layer_state_bytes,
+  timing.layers = cold_layer_copies(l2_bytes, layer_state_bytes,
                               history_bytes(config.geometry, config.batch, config.buffer_len, config.act_dtype));
   timing.rotated_state_bytes = timing.layers * layer_state_bytes;
   timing.cold_bytes = cold_state_bytes(l2_bytes);
@@ -225,7 +209,7 @@ ConfigTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
   const int64_t layer_bytes = spec_layer_state_bytes(config);
   ConfigTiming timing;
   timing.cold_bytes = cold_state_bytes(l2_bytes);
-  timing.layers = cold_layers(l2_bytes, layer_bytes,
+  timing.layers = cold_layer_copies(l2_bytes, layer_bytes,
                               history_bytes(config.geometry, config.batch,
                                             spec_ring_len(config.buffer_len, config.window), config.act_dtype));
   timing.rotated_state_bytes = timing.layers * layer_bytes;

@@ -1,5 +1,7 @@
 #include "byte_model.hpp"
 
+#include <algorithm>
+
 namespace replayssm::tool {
 
 // Per (row, head), with s / a the state / activation element sizes and r heads per group:
@@ -73,6 +75,19 @@ double replay_spec_slot_bytes(const Geometry& g, int64_t ring_len, DType state, 
 double history_slot_bytes(const Geometry& g, int64_t positions, DType act) {
   const double a = double(dtype_size(act));
   return double(positions) * (double(g.heads) * (double(g.head_dim) * a + 4) + double(g.groups * g.state_dim) * a);
+}
+
+namespace {
+constexpr int64_t kL2Multiple = 2;
+constexpr int64_t kMinRotatedBytes = int64_t(256) << 20;
+}  // namespace
+
+int64_t cold_state_bytes(int64_t l2_bytes) { return std::max(kL2Multiple * l2_bytes, kMinRotatedBytes); }
+
+int64_t cold_layer_copies(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_history_bytes) {
+  auto copies = [](int64_t target, int64_t bytes) { return (target + bytes - 1) / bytes; };
+  return std::max<int64_t>({1, copies(cold_state_bytes(l2_bytes), layer_state_bytes),
+                            copies(kL2Multiple * l2_bytes, layer_history_bytes)});
 }
 
 }  // namespace replayssm::tool

@@ -33,4 +33,13 @@ double baseline_spec_slot_bytes(const Geometry& g, int64_t window, DType state);
 double replay_spec_slot_bytes(const Geometry& g, int64_t ring_len, DType state, DType act);
 double history_slot_bytes(const Geometry& g, int64_t positions, DType act);
 
+// The GPU benches' layer copies (`replayssm bench --device cuda`, the tuning driver): enough of
+// them that every step reads its state and its history from memory. Their states span at least
+// cold_state_bytes (twice the L2, and no less than the 256 MiB that bench treats as cold on any
+// device); their history caches (x, B and raw dt of every slot) twice the L2 too, since
+// checkpoints read with an evict-first hint would otherwise leave one layer's history in the L2
+// from one step to the next, where in a model the other layers' traffic evicts it.
+int64_t cold_state_bytes(int64_t l2_bytes);
+int64_t cold_layer_copies(int64_t l2_bytes, int64_t layer_state_bytes, int64_t layer_history_bytes);
+
 }  // namespace replayssm::tool
