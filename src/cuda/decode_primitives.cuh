@@ -648,6 +648,87 @@ __device__ __forceinline__ void add_tokens(float (&s)[Ly::kVecsPerLane][Ly::kVec
   }
 }
 
+// A flush row's window as a split path's dot kernel stages it, as stored, at the end of its tile's
+// shared memory (dot_flush_window_bytes): per head of the tile its weights (kMaxBufferLen floats)
+// and its decay (the first of four floats), per token its B (row pitch B_pitch) and its x of every
+// tile row (row pitch x_pitch, column = tile row).
+template <typename Act> struct StagedFold {
+  const float* weights;
+  const float* head_s;
+  const Act* B;
+  const Act* x;
+  int B_pitch, x_pitch, tokens;
+};
+
+// This lane's slice of a row staged as stored in shared memory (16-byte aligned), widened.
+template <typename Ly, typename Act>
+__device__ __forceinline__ void stored_slice(const Act* row, int lane, float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
+  Pack<Act, Ly::kVec> packs[Ly::kVecsPerLane];
+#pragma unroll
+  for (int v = 0; v < Ly::kVecsPerLane; ++v)
+    packs[v] = *reinterpret_cast<const Pack<Act, Ly::kVec>*>(row + first_element<Ly>(v, lane));
+  widen_slice<Ly>(packs, out);
+}
+
+// Folds a flush row's staged window into the checkpoint rows of a dot kernel's tile (tile_rows
+// rows: `rows` of each of consecutive heads, from `state` on),
+//   S_i = decay S0_i + sum_{j < tokens} weight_j x_j[i] B_j,
+// and stores them rounded to nearest. The caller asked for the first part_rows tile rows
+// (start_heads_tile_load from row 0) and waited for them; each later part lands where the one
+// before was, while that one's last batch of rows folds from registers. Then, per batch of
+// folded rows, finished(s, first, next, batch): the part is the tile rows [first, next), and s[k]
+// is its row chunk_row(batch, k, group) (none past next).
+template <typename S, typename Ly, typename Act, typename Finished>
+__device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stride_head, int64_t stride_p, int rows,
+                                                 int tile_rows, int part_rows, int N, uint64_t* barrier,
+                                                 const StagedFold<Act>& f, const Finished& finished) {
+  const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
+  FlushRandomBits nearest(0, 0, 0, 0);  // unused: the split paths round to nearest
+  for (int first = 0, part = 0; first < tile_rows; first += part_rows, ++part) {
+    const int count = min(part_rows, tile_rows - first), next = first + count;
+    const int batches = (count + Ly::kBatchRows - 1) / Ly::kBatchRows;
+    if (part > 0) wait_tile_all<Ly>(barrier, part);
+    for (int batch = 0; batch < batches; ++batch) {
+      float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
+      int t[Ly::kRows], k[Ly::kRows];  // tile row, head
+#pragma unroll
+      for (int q = 0; q < Ly::kRows; ++q) {
+        const int i = chunk_row<Ly>(batch, q, group);
+        t[q] = first + i;
+        k[q] = min(t[q], tile_rows - 1) / rows;
+        tile_row<S, Ly>(tile, i, count, lane, N, s[q]);
+        const float decay = f.head_s[4 * k[q]];
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
+#pragma unroll
+          for (int e = 0; e < Ly::kVec; ++e) s[q][v][e] *= decay;
+        }
+      }
+      if (batch == batches - 1 && next < tile_rows) {  // the part is in registers: the next one may land
+        __syncthreads();
+        start_heads_tile_load(tile, state, stride_head, stride_p, rows, next, min(part_rows, tile_rows - next), N,
+                              barrier, L2Hint::kEvictFirst);
+      }
+      for (int j = 0; j < f.tokens; ++j) {
+        float b[Ly::kVecsPerLane][Ly::kVec];
+        stored_slice<Ly>(f.B + j * f.B_pitch, lane, b);
+#pragma unroll
+        for (int q = 0; q < Ly::kRows; ++q) {
+          const float xdt = t[q] < next ? f.weights[k[q] * kMaxBufferLen + j] * to_float(f.x[j * f.x_pitch + t[q]]) : 0.f;
+          state_step<Ly>(s[q], 1.f, xdt, b);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < Ly::kRows; ++q) {
+        const int i = t[q] - k[q] * rows;
+        store_checkpoint_row<S, Ly>(state + k[q] * stride_head + i * stride_p, nullptr, t[q] < next, s[q], lane, N,
+                                    false, nearest, 0);
+      }
+      finished(s, first, next, batch);
+    }
+  }
+}
+
 // Runs work(row, slot) for this CTA's share of the rows of a batch that selected(row) picks (it
 // returns the row's slot, or -1): those whose rank among them, in batch order, is blockIdx.y
 // modulo gridDim.y. Every thread takes part. The split paths' flush kernels take their rows so.

@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 //   S_i = decay S0_i + sum_j weight_j x_j[i] B_j,
 // stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The
 // window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
-// dot_flush_window_bytes) while the first part_rows tile rows land; each later part lands where
-// the one before was, while the last batch of rows of that one folds from registers.
+// dot_flush_window_bytes: C and B, x and z make L + 1 rows each) while the first part_rows tile
+// rows land; fold_staged_tile folds the tile part by part.
 template <typename S, typename Act, RowLayoutKind kKind>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
                                             int capacity, int part_rows, unsigned char* smem) {
@@ -106,7 +106,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   const int64_t tile_end = kTileOffset + tile_bytes(capacity, N, sizeof(S));
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);
   float* weights = reinterpret_cast<float*>(
-      smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L, sizeof(Act)));  // (heads, kMaxBufferLen)
+      smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act)));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
   Act* C_s = reinterpret_cast<Act*>(head_s + heads * 4);
   const int n_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));
@@ -158,71 +158,26 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   wait_async_copies();
   wait_tile_all<Ly>(barrier);
 
-  FlushRandomBits nearest(0, 0, 0, 0);  // unused: the split path rounds to nearest
-  for (int first = 0, part = 0; first < tile_rows; first += part_rows, ++part) {
-    const int count = min(part_rows, tile_rows - first), next = first + count;
-    const int batches = (count + Ly::kBatchRows - 1) / Ly::kBatchRows;
-    if (part > 0) wait_tile_all<Ly>(barrier, part);
-    for (int batch = 0; batch < batches; ++batch) {
-      float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
-      int t[Ly::kRows], k[Ly::kRows];  // tile row, head
+  const StagedFold<Act> fold{weights, head_s, B_s, x_s, n_pitch, x_pitch, L};
+  fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier,
+                          fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int first, int next,
+                                    int batch) {
+    float c[Ly::kVecsPerLane][Ly::kVec];
+    stored_slice<Ly>(C_s, lane, c);
+    float y[Ly::kRows];
 #pragma unroll
-      for (int q = 0; q < Ly::kRows; ++q) {
-        const int i = chunk_row<Ly>(batch, q, group);
-        t[q] = first + i;
-        k[q] = min(t[q], tile_rows - 1) / rows;
-        tile_row<S, Ly>(tile, i, count, lane, N, s[q]);
-        const float decay = head_s[4 * k[q]];
-#pragma unroll
-        for (int v = 0; v < Ly::kVecsPerLane; ++v) {
-#pragma unroll
-          for (int e = 0; e < Ly::kVec; ++e) s[q][v][e] *= decay;
-        }
-      }
-      if (batch == batches - 1 && next < tile_rows) {  // the part is in registers: the next one may land
-        __syncthreads();
-        start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, next,
-                              min(part_rows, tile_rows - next), N, barrier, L2Hint::kEvictFirst);
-      }
-      // Each token's B slice widened once for the batch's rows.
-      auto widened = [&](const Act* v, float (&out)[Ly::kVecsPerLane][Ly::kVec]) {
-        Pack<Act, Ly::kVec> packs[Ly::kVecsPerLane];
-#pragma unroll
-        for (int u = 0; u < Ly::kVecsPerLane; ++u)
-          packs[u] = *reinterpret_cast<const Pack<Act, Ly::kVec>*>(v + first_element<Ly>(u, lane));
-        widen_slice<Ly>(packs, out);
-      };
-      for (int j = 0; j < L; ++j) {
-        float b[Ly::kVecsPerLane][Ly::kVec];
-        widened(B_s + j * n_pitch, b);
-#pragma unroll
-        for (int q = 0; q < Ly::kRows; ++q) {
-          const float xdt = t[q] < next ? weights[k[q] * kMaxBufferLen + j] * to_float(x_s[j * x_pitch + t[q]]) : 0.f;
-          state_step<Ly>(s[q], 1.f, xdt, b);
-        }
-      }
-      float c[Ly::kVecsPerLane][Ly::kVec];
-      widened(C_s, c);
-      float y[Ly::kRows];
-#pragma unroll
-      for (int q = 0; q < Ly::kRows; ++q) {
-        const int i = t[q] - k[q] * rows;
-        store_checkpoint_row<S, Ly>(state + k[q] * p.state_stride_head + i * p.state_stride_p, nullptr, t[q] < next,
-                                    s[q], lane, N, false, nearest, 0);
-        y[q] = slice_dot<Ly>(s[q], c);
-      }
-      row_group_sums<Ly::kLanes>(y);
-      // Lane q < kRows of each row group finishes row q of the batch (as store_outputs).
-      const int mine = first + batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
-      if (lane < Ly::kRows && mine < next) {
-        const int head = mine / rows, i = mine - head * rows;
-        float v = lane_row_sum<Ly>(y, lane) + head_s[4 * head + 1] * to_float(x_s[(L - 1) * x_pitch + mine]);
-        if (p.z) v *= silu(to_float(z_s[mine]));
-        static_cast<Act*>(p.out)[d.row * p.out_stride_batch + (d.first_head + head) * p.out_stride_head + d.first + i] =
-            from_float<Act>(v);
-      }
+    for (int q = 0; q < Ly::kRows; ++q) y[q] = slice_dot<Ly>(s[q], c);
+    row_group_sums<Ly::kLanes>(y);
+    // Lane q < kRows of each row group finishes row q of the batch (as store_outputs).
+    const int mine = first + batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
+    if (lane < Ly::kRows && mine < next) {
+      const int head = mine / rows, i = mine - head * rows;
+      float v = lane_row_sum<Ly>(y, lane) + head_s[4 * head + 1] * to_float(x_s[(L - 1) * x_pitch + mine]);
+      if (p.z) v *= silu(to_float(z_s[mine]));
+      static_cast<Act*>(p.out)[d.row * p.out_stride_batch + (d.first_head + head) * p.out_stride_head + d.first + i] =
+          from_float<Act>(v);
     }
-  }
+  });
 }
 
 // The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots

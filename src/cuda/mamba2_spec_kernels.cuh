@@ -385,12 +385,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
 
 // ---- The split path (a workspace, vectorised layouts), as in standard decode ----------------------
 //
-// 1. dot_kernel: a lean read of the checkpoints of the rows that do not flush, S0_i . C_t into
-//    the workspace;
-// 2. flush_kernel, its programmatic dependent: the flush rows' fold (verify_rows, kFoldOnly) and
-//    the dots S_i . C_t of the folded checkpoints into the workspace;
-// 3. window_kernel, the flush kernel's programmatic dependent: every row's window work once per
-//    (row, heads of one group), the appends to the ring and the outputs from the dots.
+// 1. dot_kernel: a lean read of the checkpoints, S_i . C_t into the workspace; a flush row's CTA
+//    folds its committed inputs into its checkpoint first (where they leave room in its tile);
+// 2. flush_kernel, its programmatic dependent where they do not: the flush rows' fold
+//    (verify_rows, kFoldOnly) and the dots S_i . C_t of the folded checkpoints;
+// 3. window_kernel, the programmatic dependent of the kernel before: every row's window work once
+//    per (row, heads of one group), the appends to the ring and the outputs from the dots.
 // The first two touch disjoint rows, so the flush kernel's CTAs may start as soon as SMs free up
 // from the dot kernel; each kernel waits for the one before it only where it reads its results
 // (the window kernel, for the dots) or at its exit, so that the last one's completion implies
@@ -421,17 +421,68 @@ __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) flush_kernel(con
 // Registers of the dot kernel capped for six CTAs an SM, as standard decode's (dot_shape).
 constexpr int kDotMinCtasPerSm = 6;
 
+// A flush row's committed inputs staged for fold_staged_tile by a CTA of the dot kernel: tile_rows
+// rows of its heads (`rows` of each from d.first), the ring's B and x of the c committed tokens
+// by asynchronous copies of 4 elements (the split path's alignment), and each head's fold weights
+// over them. Complete after wait_async_copies and a CTA barrier.
+template <typename S, typename Act>
+__device__ __forceinline__ StagedFold<Act> stage_committed(const SpecVerifyParams& p, const DotCta& d, int64_t slot,
+                                                           const VerifyRow& r, int heads, unsigned char* smem) {
+  const int N = int(p.state_dim), T = int(p.window), L = int(p.buffer_len), mask = int(p.ring_len) - 1;
+  const int rows = d.rows, tile_rows = heads * rows, c = r.committed, warp = threadIdx.x / 32;
+  const int64_t tile_end = kTileOffset + tile_bytes(tile_rows, N, sizeof(S));
+  float* weights = reinterpret_cast<float*>(
+      smem + tile_end - dot_flush_window_bytes(heads, tile_rows, N, L - T, sizeof(Act)));  // (heads, kMaxBufferLen)
+  float* head_s = weights + heads * kMaxBufferLen;                                        // (heads, 4): decay
+  const int B_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));
+  Act* B_s = reinterpret_cast<Act*>(head_s + heads * 4);  // (L - T, B_pitch)
+  const int x_pitch = int(dot_flush_x_pitch(tile_rows, sizeof(Act)));
+  Act* x_s = B_s + (L - T) * B_pitch;  // (L - T, x_pitch)
+  auto position = [&](int j) { return (r.origin + j) & mask; };
+  auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
+
+  const Act* B_ring = static_cast<const Act*>(p.B_cache) + slot * p.Bc_stride_slot +
+                      d.first_head / int(p.heads_per_group) * p.Bc_stride_group;
+  const int n_pieces = N / 4, x_pieces = rows / 4;
+  for (int u = threadIdx.x; u < c * n_pieces; u += kThreads) {
+    const int j = u / n_pieces, e = (u - j * n_pieces) * 4;
+    stage(B_s + j * B_pitch + e, B_ring + position(j) * p.Bc_stride_pos + e);
+  }
+  const Act* x_ring = static_cast<const Act*>(p.x_cache) + slot * p.xc_stride_slot + d.first;
+  for (int u = threadIdx.x; u < c * heads * x_pieces; u += kThreads) {
+    const int j = u / (heads * x_pieces), v = u - j * heads * x_pieces, k = v / x_pieces;
+    const int e = (v - k * x_pieces) * 4;
+    stage(x_s + j * x_pitch + k * rows + e,
+          x_ring + (d.first_head + k) * p.xc_stride_head + position(j) * p.xc_stride_pos + e);
+  }
+  for (int k = warp; k < heads; k += kWarps) {
+    const int head = d.first_head + k;
+    const float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head;
+    float raw_dt[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = threadIdx.x % 32 + 32 * h;
+      raw_dt[h] = j < c ? __ldg(dt_ring + position(j)) : 0.f;
+    }
+    window_weights(raw_dt, 0, c - 1, head_value(p.A, head, 0.f), head_value(p.dt_bias, head, 0.f), p.dt_softplus,
+                   weights + k * kMaxBufferLen, head_s + 4 * k);
+  }
+  return StagedFold<Act>{weights, head_s, B_s, x_s, B_pitch, x_pitch, c};
+}
+
 // The split path's first kernel: the dots S0_i . C_t of `rows` head_dim rows from `first` of
 // heads_per_cta heads of one group per CTA, for each valid position t of the window, into the
-// workspace (batch, T, H, P). Flush rows (a third of the rows at T = 4, L = 16 with every draft
-// accepted) return at once: their checkpoints are the flush kernel's. kMaxT: T rounded up to 4
-// or 8 (the sums held in registers).
+// workspace (batch, T, H, P). A flush row's CTA (a third of the rows at T = 4, L = 16 with every
+// draft accepted) folds its committed inputs into its checkpoint rows part_rows tile rows at a
+// time and takes the dots of the folded rows (fold_staged_tile), or, where part_rows is 0 (the
+// window leaves no room in the tile), returns at once: the flush kernel's. kMaxT: T rounded up to
+// 4 or 8 (the sums held in registers).
 template <typename S, typename Act, RowLayoutKind kKind, int kMaxT>
 __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const SpecVerifyParams p,
-                                                                         int heads_per_cta, int rows) {
+                                                                         int heads_per_cta, int rows, int part_rows) {
   using Ly = Layout<S, kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
-  allow_dependent_launch();  // the flush kernel's CTAs may start beside this kernel's
+  allow_dependent_launch();  // the next kernel's CTAs may start beside this kernel's
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int N = int(p.state_dim), P = int(p.head_dim), H = int(p.nheads), T = int(p.window);
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
@@ -440,16 +491,18 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   const DotCta d = dot_cta(P, heads_per_cta, rows);
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
+  const int tile_rows = heads_per_cta * rows;
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
   const VerifyRow r = verify_row(p, row, slot);
-  if (!r.valid || r.flush) return;
+  if (!r.valid || (r.flush && part_rows == 0)) return;
   const int n = r.tokens;
-  start_heads_tile_load(tile,
-                        static_cast<const S*>(p.state) + slot * p.state_stride_slot +
-                            first_head * p.state_stride_head + first * p.state_stride_p,
-                        p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
-                        L2Hint::kEvictFirst);
+  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + first_head * p.state_stride_head +
+             first * p.state_stride_p;
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0,
+                        r.flush ? min(part_rows, tile_rows) : tile_rows, N, barrier, L2Hint::kEvictFirst);
+  StagedFold<Act> fold{};
+  if (r.flush) fold = stage_committed<S, Act>(p, d, slot, r, heads_per_cta, smem);
   const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                  first_head / int(p.heads_per_group) * p.C_stride_group;
   for (int k = threadIdx.x; k < N; k += kThreads) {
@@ -461,19 +514,31 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
     for (int t = 0; t < kMaxT; ++t)
       if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
   }
+  if (r.flush) wait_async_copies();
   wait_tile_all<Ly>(barrier);
 
+  // Tile row u of the CTA is row first + u % rows of head first_head + u / rows: the heads are
+  // whole when there are several, so its dots sit at u from the first's.
+  float* dots = p.workspace + (int64_t(row) * T * H + first_head) * P + first;  // (T, H, P) from here
+  auto dots_of = [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int from, int count, int batch) {
+    float y[kMaxT * Ly::kRows];
+    window_dots<Ly, kMaxT>(s, C_s, n, lane, N, y);
+    store_dots<Ly>(dots + from, int64_t(H) * P, y, n, count, batch, group, lane);
+  };
+  if (r.flush) {
+    fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier,
+                            fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int from, int next,
+                                      int batch) { dots_of(s, from, next - from, batch); });
+    return;
+  }
   const int batches = (rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
   for (int k = 0; k < heads_per_cta; ++k) {
-    float* dots = p.workspace + (int64_t(row) * T * H + first_head + k) * P + first;  // (T, H, P) from here
     for (int batch = 0; batch < batches; ++batch) {
       float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
 #pragma unroll
       for (int q = 0; q < Ly::kRows; ++q)
         tile_row<S, Ly>(tile + k * rows * N, chunk_row<Ly>(batch, q, group), rows, lane, N, s[q]);
-      float y[kMaxT * Ly::kRows];
-      window_dots<Ly, kMaxT>(s, C_s, n, lane, N, y);
-      store_dots<Ly>(dots, int64_t(H) * P, y, n, rows, batch, group, lane);
+      dots_of(s, k * rows, rows, batch);
     }
   }
 }
@@ -845,7 +910,10 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   config.stream = stream;
   const bool short_window = p.window <= 4;
 
+  // The dot kernel folds the flush rows where their committed inputs (at most L - T tokens) leave
+  // room for a part of the tile (spec_dot_flush_part_rows); otherwise the flush kernel takes them.
   const DotShape dot = dot_shape(p, sizeof(S), shape);
+  const int part_rows = spec_dot_flush_part_rows(p, dot, shape);
   config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = size_t(spec_dot_smem_bytes(p, dot.heads, dot.rows));
@@ -854,28 +922,31 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
       const auto kernel = short_window ? spec::dot_kernel<S, Act, decltype(kind)::value, 4>
                                        : spec::dot_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
       allow_smem(kernel, int64_t(config.dynamicSmemBytes));
-      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows));
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, part_rows));
     }
   });
+  config.attrs = &after_previous;
+  config.numAttrs = 1;
 
   // Flush rows are at most one in (L - 2T) / T + 1 when every row commits T tokens a step and rows
   // are desynchronised (fewer with fewer accepted): the flush grid has up to that share of the
   // batch's CTAs per (head, chunk), each looping over its share of the flush rows.
-  const int64_t cycle = (p.buffer_len - 2 * p.window) / p.window + 1;
-  const int64_t chunks = spec::spec_grid(p, flush_rows_per_cta).x;
-  const int64_t flush_rows = std::min(p.batch, (p.batch + cycle - 1) / cycle);
-  config.gridDim = dim3(unsigned(chunks), unsigned(flush_ctas_per_chunk(spec::kFlushMinCtasPerSm, chunks, flush_rows)));
-  config.dynamicSmemBytes = size_t(spec_verify_smem_bytes(p, layout, flush_rows_per_cta));
-  config.attrs = &after_previous;
-  config.numAttrs = 1;
-  spec::with_layout(layout, [&](auto kind) {
-    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
-      const auto kernel = short_window ? spec::flush_kernel<S, Act, decltype(kind)::value, 4>
-                                       : spec::flush_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
-      allow_smem(kernel, int64_t(config.dynamicSmemBytes), kFlushScanBytes);
-      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, flush_rows_per_cta, x_slices));
-    }
-  });
+  if (part_rows == 0) {
+    const int64_t cycle = (p.buffer_len - 2 * p.window) / p.window + 1;
+    const int64_t chunks = spec::spec_grid(p, flush_rows_per_cta).x;
+    const int64_t flush_rows = std::min(p.batch, (p.batch + cycle - 1) / cycle);
+    config.gridDim =
+        dim3(unsigned(chunks), unsigned(flush_ctas_per_chunk(spec::kFlushMinCtasPerSm, chunks, flush_rows)));
+    config.dynamicSmemBytes = size_t(spec_verify_smem_bytes(p, layout, flush_rows_per_cta));
+    spec::with_layout(layout, [&](auto kind) {
+      if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
+        const auto kernel = short_window ? spec::flush_kernel<S, Act, decltype(kind)::value, 4>
+                                         : spec::flush_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
+        allow_smem(kernel, int64_t(config.dynamicSmemBytes), kFlushScanBytes);
+        REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, flush_rows_per_cta, x_slices));
+      }
+    });
+  }
 
   const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRows);
   const int64_t threads = window_threads(heads, p.head_dim, kSpecWindowRows);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "api/spec_params.hpp"
+#include "cuda/launch_shape.hpp"
 #include "cuda/row_layout.hpp"
 
 namespace replayssm::cuda {
@@ -78,6 +79,14 @@ inline int64_t spec_baseline_smem_bytes(const SpecBaselineParams& p, RowLayoutKi
 inline int64_t spec_dot_smem_bytes(const SpecVerifyParams& p, int heads, int rows) {
   return kTileOffset + tile_bytes(heads * rows, p.state_dim, dtype_size(p.state_dtype)) +
          p.window * p.state_dim * 4;
+}
+
+// Tile rows a flush row's CTA of the split path's dot kernel folds at a time (dot_flush_part_rows,
+// with the at most L - T committed tokens of a flush row staged), or 0 where they leave no room:
+// the flush kernel then takes the flush rows.
+inline int spec_dot_flush_part_rows(const SpecVerifyParams& p, const DotShape& dot, const RowLayout& layout) {
+  return int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, dtype_size(p.state_dtype),
+                                 p.buffer_len - p.window, dtype_size(p.act_dtype), layout.batch_rows));
 }
 
 // The split path's window kernel: each thread takes kSpecWindowRows head_dim rows of one head;

@@ -49,24 +49,25 @@ constexpr int64_t dot_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim,
   return kTileOffset + tile_bytes(heads * rows, state_dim, state_bytes) + heads * rows * 4;
 }
 
-// A flush row's CTA in the split path's dot kernel stages its window at the end of its tile's
-// bytes, in 16-byte pieces: each head's weights (kMaxBufferLen floats) and its decay and D (four
-// floats a head), then, as stored, C (N), B of the L tokens (L x N) and x of the CTA's tile rows for
-// each token (L x dot_flush_x_pitch), and z (tile rows).
+// A flush row's CTA in a split path's dot kernel stages its window at the end of its tile's bytes,
+// in 16-byte pieces: each head's weights (kMaxBufferLen floats) and four floats (its decay first),
+// then, as stored, `staged_rows` rows of N values (B of each token, and C in standard decode) and
+// as many rows of the CTA's tile rows (x of each token, and z in standard decode; pitch
+// dot_flush_x_pitch).
 constexpr int64_t dot_flush_x_pitch(int64_t tile_rows, int64_t act_bytes) {
   return round16(tile_rows * act_bytes) / act_bytes;
 }
 constexpr int64_t dot_flush_window_bytes(int64_t heads, int64_t tile_rows, int64_t state_dim,
-                                         int64_t buffer_len, int64_t act_bytes) {
-  return heads * (kMaxBufferLen + 4) * 4 + (buffer_len + 1) * round16(state_dim * act_bytes) +
-         (buffer_len + 1) * round16(tile_rows * act_bytes);
+                                         int64_t staged_rows, int64_t act_bytes) {
+  return heads * (kMaxBufferLen + 4) * 4 + staged_rows * round16(state_dim * act_bytes) +
+         staged_rows * round16(tile_rows * act_bytes);
 }
 // The tile rows such a CTA folds at a time (the window takes the rest of the tile's bytes): whole
 // batches of rows, 0 when not even one fits.
 constexpr int64_t dot_flush_part_rows(int64_t heads, int64_t rows, int64_t state_dim, int64_t state_bytes,
-                                      int64_t buffer_len, int64_t act_bytes, int64_t batch_rows) {
+                                      int64_t staged_rows, int64_t act_bytes, int64_t batch_rows) {
   const int64_t room = tile_bytes(heads * rows, state_dim, state_bytes) -
-                       dot_flush_window_bytes(heads, heads * rows, state_dim, buffer_len, act_bytes);
+                       dot_flush_window_bytes(heads, heads * rows, state_dim, staged_rows, act_bytes);
   return room > 0 ? room / (state_dim * state_bytes) / batch_rows * batch_rows : 0;
 }
 
