@@ -551,19 +551,29 @@ template <typename Ly> __device__ __forceinline__ void wait_tile_all(uint64_t* b
   __syncthreads();
 }
 
-// One warp: the weights of the window's tokens [first, last] (at most 64; two a lane, from the raw
-// dt of tokens lane and lane + 32), weight_j = dt_j exp(A sum_{j<i<=last} dt_i) (into
-// weights[0, 64), zero outside the window), and the window's decay exp(A sum_j dt_j) (into
-// *decay). The sums over later tokens are backward suffix sums, never differences of prefix sums.
-__device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int first, int last, float A,
-                                               float bias, bool dt_softplus, float* weights,
-                                               float* decay) {
+// One warp: the effective dt of tokens lane and lane + 32 from their raw dt, those up to `last`
+// only (the others are not weighed: zero, without the softplus).
+__device__ __forceinline__ void window_dt(const float (&raw_dt)[2], int last, float bias, bool dt_softplus,
+                                          float (&dt)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+    dt[half] = int(threadIdx.x % 32) + 32 * half <= last ? effective_dt(raw_dt[half], bias, dt_softplus) : 0.f;
+}
+
+// One warp: the weights of the window's tokens [first, last] (at most 64; two a lane, from the
+// effective dt of tokens lane and lane + 32: effective_dt of the raw values), weight_j = dt_j
+// exp(A sum_{j<i<=last} dt_i) (into weights[0, 64), zero outside the window), and the window's
+// decay exp(A sum_j dt_j) (into *decay). The sums over later tokens are backward suffix sums,
+// never differences of prefix sums. Callers that weigh several windows of the same tokens convert
+// each raw dt once.
+__device__ __forceinline__ void window_weights(const float (&token_dt)[2], int first, int last, float A,
+                                               float* weights, float* decay) {
   const int lane = threadIdx.x % 32;
   float dt[2], later[2], total[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int j = lane + 32 * half;
-    dt[half] = j >= first && j <= last ? effective_dt(raw_dt[half], bias, dt_softplus) : 0.f;
+    dt[half] = j >= first && j <= last ? token_dt[half] : 0.f;
     total[half] = dt[half];  // becomes sum_{i>=j} dt_i within the half
   }
 #pragma unroll
@@ -588,14 +598,14 @@ __device__ __forceinline__ void window_weights(const float (&raw_dt)[2], int fir
 }
 
 // window_weights of the tokens [first, count) for count <= 16, two heads at once: lanes 16 s + t
-// take token t of the head of segment s (weights and decay null: a segment without a head). The
-// same sums in the same order as window_weights, whose other lanes only add zeros for such a
-// window: the same weights to the bit.
-__device__ __forceinline__ void window_weights_16(float raw_dt, int first, int count, float A, float bias,
-                                                  bool dt_softplus, float* weights, float* decay) {
+// take token t of the head of segment s (its effective dt: token_dt; weights and decay null: a
+// segment without a head). The same sums in the same order as window_weights, whose other lanes
+// only add zeros for such a window: the same weights to the bit.
+__device__ __forceinline__ void window_weights_16(float token_dt, int first, int count, float A, float* weights,
+                                                  float* decay) {
   constexpr int kWidth = 16;
   const int t = threadIdx.x % kWidth;
-  const float dt = t >= first && t < count ? effective_dt(raw_dt, bias, dt_softplus) : 0.f;
+  const float dt = t >= first && t < count ? token_dt : 0.f;
   float total = dt;  // becomes sum_{i>=t} dt_i
 #pragma unroll
   for (int offset = 1; offset < kWidth; offset *= 2) {

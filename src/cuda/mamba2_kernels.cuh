@@ -145,14 +145,14 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
     const int head = d.first_head + k;
     const float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head;
     const float raw_dt_now = load_as<float>(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + head * p.dt_stride_head);
-    float raw_dt[2];
+    float raw_dt[2], dt[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = threadIdx.x % 32 + 32 * h;
       raw_dt[h] = j < L - 1 ? __ldg(dt_hist + j) : raw_dt_now;
     }
-    window_weights(raw_dt, 0, L - 1, head_value(p.A, head, 0.f), head_value(p.dt_bias, head, 0.f), p.dt_softplus,
-                   weights + k * kMaxBufferLen, head_s + 4 * k);
+    window_dt(raw_dt, L - 1, head_value(p.dt_bias, head, 0.f), p.dt_softplus, dt);
+    window_weights(dt, 0, L - 1, head_value(p.A, head, 0.f), weights + k * kMaxBufferLen, head_s + 4 * k);
     if (threadIdx.x % 32 == 0) head_s[4 * k + 1] = head_value(p.D, head, 0.f);
   }
   wait_async_copies();
@@ -362,11 +362,14 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       if (pass_token(half) == cursor) raw_dt[q][half] = raw_now_s[k_s];
-    if (short_window)
-      window_weights_16(raw_dt[q][0], 0, count, A_s[k_s], bias_s[k_s], p.dt_softplus,
-                        has_head ? coef[kq] : nullptr, has_head ? &decay[kq] : nullptr);
-    else
-      window_weights(raw_dt[q], 0, cursor, A_s[kq], bias_s[kq], p.dt_softplus, coef[kq], &decay[kq]);
+    if (short_window) {  // one token a lane
+      window_weights_16(lane % 16 <= cursor ? effective_dt(raw_dt[q][0], bias_s[k_s], p.dt_softplus) : 0.f, 0, count,
+                        A_s[k_s], has_head ? coef[kq] : nullptr, has_head ? &decay[kq] : nullptr);
+    } else {
+      float dt[2];
+      window_dt(raw_dt[q], cursor, bias_s[kq], p.dt_softplus, dt);
+      window_weights(dt, 0, cursor, A_s[kq], coef[kq], &decay[kq]);
+    }
   }
   // B_j . C for every token of the window, one warp per token (this step's B for the cursor's).
   const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
@@ -607,8 +610,9 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   }
 
   if (threadIdx.x < 32) {
-    window_weights(raw_dt, 0, cursor, A, bias, p.dt_softplus, window + kWeightsOffset,
-                   window + kDecayOffset);
+    float dt[2];
+    window_dt(raw_dt, cursor, bias, p.dt_softplus, dt);
+    window_weights(dt, 0, cursor, A, window + kWeightsOffset, window + kDecayOffset);
     if (threadIdx.x == 0 && !flush && w.chunk == 0) dt_hist[cursor] = raw_dt_now;
   }
   // kFlushOnly: the window's B, widened into shared memory in lane order, one token per row group

@@ -294,9 +294,11 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
     dt_ring[position(c + threadIdx.x)] = raw_dt_of(c + threadIdx.x);
   // Warp u % kWarps: the weights of output u over [first, c + u], and after the outputs, on a
   // flush row, those of the committed inputs [0, c) that the fold adds to the checkpoint.
+  float dt[2];
+  window_dt(raw_dt, c + n - 1, bias, p.dt_softplus, dt);
   for (int u = (kFoldOnly ? n : 0) + warp; u < n + (flush ? 1 : 0); u += kWarps) {
-    if (u < n) window_weights(raw_dt, first, c + u, A, bias, p.dt_softplus, coef + u * kMaxBufferLen, decay + u);
-    else window_weights(raw_dt, 0, c - 1, A, bias, p.dt_softplus, fold, decay + kMaxSpecWindow);
+    if (u < n) window_weights(dt, first, c + u, A, coef + u * kMaxBufferLen, decay + u);
+    else window_weights(dt, 0, c - 1, A, fold, decay + kMaxSpecWindow);
   }
   __syncthreads();
 
@@ -458,14 +460,14 @@ __device__ __forceinline__ StagedFold<Act> stage_committed(const SpecVerifyParam
   for (int k = warp; k < heads; k += kWarps) {
     const int head = d.first_head + k;
     const float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head;
-    float raw_dt[2];
+    const float bias = head_value(p.dt_bias, head, 0.f);
+    float dt[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = threadIdx.x % 32 + 32 * h;
-      raw_dt[h] = j < c ? __ldg(dt_ring + position(j)) : 0.f;
+      dt[h] = j < c ? effective_dt(__ldg(dt_ring + position(j)), bias, p.dt_softplus) : 0.f;
     }
-    window_weights(raw_dt, 0, c - 1, head_value(p.A, head, 0.f), head_value(p.dt_bias, head, 0.f), p.dt_softplus,
-                   weights + k * kMaxBufferLen, head_s + 4 * k);
+    window_weights(dt, 0, c - 1, head_value(p.A, head, 0.f), weights + k * kMaxBufferLen, head_s + 4 * k);
   }
   return StagedFold<Act>{weights, head_s, B_s, x_s, B_pitch, x_pitch, c};
 }
@@ -555,9 +557,8 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
 template <typename Act, int kMaxT>
 __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVerifyParams p, int heads_per_cta) {
   __shared__ float bc[kMaxSpecWindow][kMaxBufferLen];  // B_j . C_t
-  __shared__ float decay[kMaxWindowHeads][kMaxSpecWindow], A_s[kMaxWindowHeads], bias_s[kMaxWindowHeads],
-      D_s[kMaxWindowHeads];
-  static_assert(sizeof(bc) + sizeof(decay) + sizeof(A_s) + sizeof(bias_s) + sizeof(D_s) == kSpecWindowStaticBytes,
+  __shared__ float decay[kMaxWindowHeads][kMaxSpecWindow], A_s[kMaxWindowHeads], D_s[kMaxWindowHeads];
+  static_assert(sizeof(bc) + sizeof(decay) + sizeof(A_s) + sizeof(D_s) == kSpecWindowStaticBytes,
                 "the host counts this shared memory");
   extern __shared__ __align__(16) unsigned char window_smem[];  // spec_window_smem
   constexpr int kRows = kSpecWindowRows;
@@ -579,7 +580,7 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   const SpecWindowSmem layout = spec_window_smem(blockDim.x, heads_per_cta, T, L, N);
   float* coef = reinterpret_cast<float*>(window_smem) + layout.coef;      // (heads, T, coef_stride)
   float* C_s = reinterpret_cast<float*>(window_smem) + layout.C;          // (T, N)
-  float* raw_dt_s = reinterpret_cast<float*>(window_smem) + layout.raw_dt;  // (heads, L)
+  float* dt_s = reinterpret_cast<float*>(window_smem) + layout.dt;        // (heads, L)
 
   // This thread's rows: head k, rows [i, i + kRows); their x of every token from `first` copied
   // into shared memory (kStaged tokens a round, no registers held), in flight with the window's
@@ -600,11 +601,11 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   };
   if (has_rows) stage_x(first);
 
-  // Each head's scalars; the raw dt of the tokens of every head (the window's appended).
+  // Each head's scalars; the effective dt of the tokens of every head, once for all its outputs
+  // (the window's raw dt appended).
   if (int(threadIdx.x) < heads) {
     const int hq = first_head + int(threadIdx.x);
     A_s[threadIdx.x] = head_value(p.A, hq, 0.f);
-    bias_s[threadIdx.x] = head_value(p.dt_bias, hq, 0.f);
     D_s[threadIdx.x] = head_value(p.D, hq, 0.f);
   }
   const int span = count - first;  // the tokens the outputs see
@@ -619,7 +620,7 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
                            row * p.dt_stride_batch + (j - c) * p.dt_stride_token + (first_head + kq) * p.dt_stride_head);
       dt_ring[position(j)] = raw;
     }
-    raw_dt_s[kq * L + j] = raw;
+    dt_s[kq * L + j] = effective_dt(raw, head_value(p.dt_bias, first_head + kq, 0.f), p.dt_softplus);
   }
   // The window's C, widened; the group's first head appends the window's B.
   const Act* C_window = static_cast<const Act*>(p.C) + row * p.C_stride_batch + g * p.C_stride_group;
@@ -641,21 +642,19 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
       const int q = q0 + lane / 16, j = lane % 16;
       const bool has_pair = q < pairs;
       const int kq = has_pair ? q / n : 0, t = has_pair ? q - kq * n : 0;
-      window_weights_16(j >= first && j < count ? raw_dt_s[kq * L + j] : 0.f, first, c + t + 1, A_s[kq], bias_s[kq],
-                        p.dt_softplus, has_pair ? coef + (kq * T + t) * 16 : nullptr,
-                        has_pair ? &decay[kq][t] : nullptr);
+      window_weights_16(j >= first && j < count ? dt_s[kq * L + j] : 0.f, first, c + t + 1, A_s[kq],
+                        has_pair ? coef + (kq * T + t) * 16 : nullptr, has_pair ? &decay[kq][t] : nullptr);
     }
   } else {
     for (int q = warp; q < pairs; q += warps) {
       const int kq = q / n, t = q - kq * n;
-      float raw[2];
+      float dt[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = lane + 32 * half;
-        raw[half] = j >= first && j < count ? raw_dt_s[kq * L + j] : 0.f;
+        dt[half] = j >= first && j < count ? dt_s[kq * L + j] : 0.f;
       }
-      window_weights(raw, first, c + t, A_s[kq], bias_s[kq], p.dt_softplus, coef + (kq * T + t) * layout.coef_stride,
-                     &decay[kq][t]);
+      window_weights(dt, first, c + t, A_s[kq], coef + (kq * T + t) * layout.coef_stride, &decay[kq][t]);
     }
   }
   // B_j . C_t for every token and output, one warp per token, lane l taking the pieces of kPiece

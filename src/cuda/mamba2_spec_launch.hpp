@@ -92,14 +92,14 @@ inline int spec_dot_flush_part_rows(const SpecVerifyParams& p, const DotShape& d
 // The split path's window kernel: each thread takes kSpecWindowRows head_dim rows of one head;
 // its shared memory holds each thread's staged x (kWindowStagedBytes), then floats: each head's
 // coefficients of each output (heads x T x coef_stride: 16 for L <= 16, the tokens
-// window_weights_16 covers, else 64), the window's C (T x N) and each head's raw dt of every token
+// window_weights_16 covers, else 64), the window's C (T x N) and each head's effective dt of every token
 // (heads x L).
 constexpr int kSpecWindowRows = 4;
 // Its static shared memory: B_j . C_t of every token and output, each head's decays and scalars.
-constexpr int64_t kSpecWindowStaticBytes = (kMaxSpecWindow * kMaxBufferLen + kMaxWindowHeads * (kMaxSpecWindow + 3)) * 4;
+constexpr int64_t kSpecWindowStaticBytes = (kMaxSpecWindow * kMaxBufferLen + kMaxWindowHeads * (kMaxSpecWindow + 2)) * 4;
 struct SpecWindowSmem {
   int coef_stride = 0;
-  int64_t coef = 0, C = 0, raw_dt = 0;  // floats
+  int64_t coef = 0, C = 0, dt = 0;  // floats
   int64_t bytes = 0;
 };
 constexpr SpecWindowSmem spec_window_smem(int64_t threads, int64_t heads, int64_t T, int64_t L, int64_t N) {
@@ -107,8 +107,8 @@ constexpr SpecWindowSmem spec_window_smem(int64_t threads, int64_t heads, int64_
   s.coef_stride = L <= 16 ? 16 : int(kMaxBufferLen);
   s.coef = threads * kWindowStagedBytes / 4;
   s.C = s.coef + heads * T * s.coef_stride;
-  s.raw_dt = s.C + T * N;
-  s.bytes = (s.raw_dt + heads * L) * 4;
+  s.dt = s.C + T * N;
+  s.bytes = (s.dt + heads * L) * 4;
   return s;
 }
 
