@@ -40,31 +40,38 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
   float* z_s = x_s + rows_per_cta;  // (rows)
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
+  // This step's inputs first, kept as stored until the tile's copy is issued (as the replay's).
+  const int64_t g = w.group;
+  const float A = head_value(p.A, w.head, 0.f);
+  const float raw_dt = load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + w.head * p.dt_stride_head);
+  const float bias = head_value(p.dt_bias, w.head, 0.f);
+  const float D = head_value(p.D, w.head, 0.f);
+  Pack<Act, Ly::kVec> b_packs[Ly::kVecsPerLane], c_packs[Ly::kVecsPerLane];
+  load_slice_packs<Ly>(static_cast<const Act*>(p.B) + w.row * p.B_stride_batch + g * p.B_stride_group, lane, N,
+                       b_packs);
+  load_slice_packs<Ly>(static_cast<const Act*>(p.C) + w.row * p.C_stride_batch + g * p.C_stride_group, lane, N,
+                       c_packs);
+  const bool gated = p.z != nullptr;
+  const bool has_row = int(threadIdx.x) < w.rows;  // chunk row threadIdx.x (rows_per_cta <= kThreads)
+  const int64_t i_mine = w.first + threadIdx.x;
+  const Act x_mine = has_row ? load_one(static_cast<const Act*>(p.x) + w.row * p.x_stride_batch +
+                                        w.head * p.x_stride_head + i_mine)
+                             : Act{};
+  const Act z_mine = gated && has_row ? load_one(static_cast<const Act*>(p.z) + w.row * p.z_stride_batch +
+                                                 w.head * p.z_stride_head + i_mine)
+                                      : Act{};
   const int64_t slot = device_slot(p, w.row);
   if (slot < 0) return;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal);
 
-  const int64_t g = w.group;
-  const float A = head_value(p.A, w.head, 0.f);
-  const float dt = effective_dt(load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch +
-                                                                      w.head * p.dt_stride_head),
-                                head_value(p.dt_bias, w.head, 0.f), p.dt_softplus);
-  const float D = head_value(p.D, w.head, 0.f);
+  const float dt = effective_dt(raw_dt, bias, p.dt_softplus);
   float b[Ly::kVecsPerLane][Ly::kVec], c[Ly::kVecsPerLane][Ly::kVec];
-  load_slice<Ly>(static_cast<const Act*>(p.B) + w.row * p.B_stride_batch + g * p.B_stride_group,
-                 lane, N, b);
-  load_slice<Ly>(static_cast<const Act*>(p.C) + w.row * p.C_stride_batch + g * p.C_stride_group,
-                 lane, N, c);
-  const Act* x = static_cast<const Act*>(p.x) + w.row * p.x_stride_batch +
-                 w.head * p.x_stride_head + w.first;  // (rows)
-  const bool gated = p.z != nullptr;
-  const Act* z = gated ? static_cast<const Act*>(p.z) + w.row * p.z_stride_batch +
-                             w.head * p.z_stride_head + w.first
-                       : nullptr;  // (rows)
-  for (int i = threadIdx.x; i < w.rows; i += kThreads) {
-    x_s[i] = to_float(load_one(x + i));
-    if (gated) z_s[i] = to_float(load_one(z + i));
+  widen_slice<Ly>(b_packs, b);
+  widen_slice<Ly>(c_packs, c);
+  if (has_row) {
+    x_s[threadIdx.x] = to_float(x_mine);
+    if (gated) z_s[threadIdx.x] = to_float(z_mine);
   }
   const float decay = expf(A * dt);
   wait_tile_all<Ly>(barrier);
@@ -465,8 +472,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
 // rows, cost registers that make the row loop spill under the register cap. kFlushOnly: the split
 // path's flush kernel (flush rows only, B staged in shared memory).
 template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kFlushOnly,
-          typename CursorOf>
-__device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork& w, int64_t slot,
+          typename SlotOf, typename CursorOf>
+__device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork& w, const SlotOf& slot_of,
                                             const CursorOf& cursor_of, int rows_per_cta,
                                             bool output_only, unsigned char* smem) {
   using Ly = Layout<S, kKind>;
@@ -481,19 +488,58 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   const int pitch = int(window_pitch(rows_per_cta, Ly::kLanes));
   float* B_s = x_s + (p.buffer_len * pitch + 3) / 4 * 4;  // (count, N), kFlushOnly; 16-byte aligned
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
-  S* state = chunk_state<S>(p, w, slot);  // (rows, N)
   const int64_t g = w.group;
   const int L = int(p.buffer_len);
-  const int cursor = cursor_of();  // issued ahead of the tile's copy (see kSpeculative)
+  // Thread t stages the window's x of chunk row i_x for tokens j_x, j_x + x_step, ...
+  const int x_step = kThreads / rows_per_cta;
+  const int i_x = threadIdx.x % rows_per_cta, j_x = threadIdx.x / rows_per_cta;
+  const bool stages_x = i_x < w.rows && j_x < x_step;
+  constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups, kEarlyX = 8;
+  constexpr bool kSpeculative = kEarlyRounds * Ly::kVecsPerLane * sizeof(Pack<Act, Ly::kVec>) <= 32;
+  // The rows that may use the early B: output-only ones (B_j . C) and kFlushOnly's (staged B).
+  const bool may_use_B = output_only || kFlushOnly;
+  // This step's inputs need neither the slot nor the cursor: asked for first, kept as stored until
+  // the slot is known, so that they do not queue behind the tile's copy (the window's weights and
+  // B_j . C wait for them; notes/cuda.md v21).
+  const float A = head_value(p.A, w.head, 0.f);
+  const float bias = head_value(p.dt_bias, w.head, 0.f);
+  const float D = head_value(p.D, w.head, 0.f);
+  const float raw_dt_now =
+      load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + w.head * p.dt_stride_head);
+  const Act* B_now = static_cast<const Act*>(p.B) + w.row * p.B_stride_batch +
+                     g * p.B_stride_group;  // (N)
+  Pack<Act, Ly::kVec> c_packs[Ly::kVecsPerLane];
+  load_slice_packs<Ly>(static_cast<const Act*>(p.C) + w.row * p.C_stride_batch + g * p.C_stride_group, lane, N,
+                       c_packs);
+  const Act* x_now = static_cast<const Act*>(p.x) + w.row * p.x_stride_batch +
+                     w.head * p.x_stride_head + w.first;  // (rows)
+  Pack<Act, Ly::kVec> b_now[Ly::kVecsPerLane];  // kSpeculative: this step's B and x, for the cursor
+  if (kSpeculative && may_use_B) load_slice_packs<Ly>(B_now, lane, N, b_now);
+  const Act x_now_mine = kSpeculative && stages_x ? load_one(x_now + i_x) : Act{};
+  const bool gated = p.z != nullptr;
+  const Act z_mine =  // z of chunk row threadIdx.x (rows_per_cta <= kThreads)
+      gated && int(threadIdx.x) < w.rows
+          ? load_one(static_cast<const Act*>(p.z) + w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first +
+                     threadIdx.x)
+          : Act{};
+  // The first head of a group appends B: elements threadIdx.x and threadIdx.x + kThreads.
+  const bool appends_B = w.chunk == 0 && w.head == w.group * int(p.heads_per_group);
+  Act B_mine[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = threadIdx.x + h * kThreads;
+    if (appends_B && n < N) B_mine[h] = load_one(B_now + n);
+  }
+
+  const int64_t slot = slot_of();
+  if (slot < 0) return;
+  S* state = chunk_state<S>(p, w, slot);  // (rows, N)
+  const int cursor = cursor_of(slot);  // issued ahead of the tile's copy (see kSpeculative)
   Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot +
                 w.head * p.xc_stride_head + w.first;  // (L, rows), position stride xc_stride_pos
   Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot +
                 g * p.Bc_stride_group;  // (L, N), position stride Bc_stride_pos
   float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + w.head * p.dtc_stride_head;  // (L)
-  // Thread t stages the window's x of chunk row i_x for tokens j_x, j_x + x_step, ...
-  const int x_step = kThreads / rows_per_cta;
-  const int i_x = threadIdx.x % rows_per_cta, j_x = threadIdx.x / rows_per_cta;
-  const bool stages_x = i_x < w.rows && j_x < x_step;
   // The window's first loads (raw dt, B_j of the first tokens of each row group, the first x values
   // of each thread) are all issued before any is used: one memory round trip for windows up to
   // kEarlyRounds * row_groups tokens and kEarlyX * x_step tokens of x (L = 16 with whole heads of
@@ -502,8 +548,6 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   // (behind it, these loads and the cursor's wait for much of the copy; notes/cuda.md v20); this
   // step's B is then held for the row group of the cursor, so only where a lane's B slices take at
   // most 32 bytes (more spill under the register cap).
-  constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups, kEarlyX = 8;
-  constexpr bool kSpeculative = kEarlyRounds * Ly::kVecsPerLane * sizeof(Pack<Act, Ly::kVec>) <= 32;
   float raw_dt[2] = {0.f, 0.f};
   Pack<Act, Ly::kVec> b_early[kEarlyRounds][Ly::kVecsPerLane];
   Act x_early[kEarlyX];
@@ -530,47 +574,17 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
       if (stages_x && j < end) x_early[u] = x_at(j);
     }
   };
-  // The rows that may use the early B: output-only ones (B_j . C) and kFlushOnly's (staged B).
-  const bool may_use_B = output_only || kFlushOnly;
   if constexpr (kSpeculative)
     load_early(L, L, may_use_B, [&](int j) { return B_hist + j * p.Bc_stride_pos; },
                [&](int j) { return load_one(x_hist + j * p.xc_stride_pos + i_x); });
   start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst);
-  // Loads that do not depend on the cursor, in flight together with it.
-  const float A = head_value(p.A, w.head, 0.f);
-  const float bias = head_value(p.dt_bias, w.head, 0.f);
-  const float D = head_value(p.D, w.head, 0.f);
-  const float raw_dt_now =
-      load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + w.head * p.dt_stride_head);
-  const Act* B_now = static_cast<const Act*>(p.B) + w.row * p.B_stride_batch +
-                     g * p.B_stride_group;  // (N)
   float c[Ly::kVecsPerLane][Ly::kVec];
-  load_slice<Ly>(static_cast<const Act*>(p.C) + w.row * p.C_stride_batch + g * p.C_stride_group,
-                 lane, N, c);
-  const Act* x_now = static_cast<const Act*>(p.x) + w.row * p.x_stride_batch +
-                     w.head * p.x_stride_head + w.first;  // (rows)
-  Pack<Act, Ly::kVec> b_now[Ly::kVecsPerLane];  // kSpeculative: this step's B and x, for the cursor
-  if (kSpeculative && may_use_B) load_slice_packs<Ly>(B_now, lane, N, b_now);
-  const Act x_now_mine = kSpeculative && stages_x ? load_one(x_now + i_x) : Act{};
-  const bool gated = p.z != nullptr;
-  const float z_mine =  // z of chunk row threadIdx.x (rows_per_cta <= kThreads)
-      gated && int(threadIdx.x) < w.rows
-          ? to_float(load_one(static_cast<const Act*>(p.z) + w.row * p.z_stride_batch +
-                              w.head * p.z_stride_head + w.first + threadIdx.x))
-          : 0.f;
+  widen_slice<Ly>(c_packs, c);
   float* scale = CheckpointFormat<S>::kScaled
                      ? p.state_scale + slot * p.scale_stride_slot + w.head * p.scale_stride_head + w.first
                      : nullptr;  // (rows)
   const float scale_mine =  // the row scale of chunk row threadIdx.x
       CheckpointFormat<S>::kScaled && int(threadIdx.x) < w.rows ? scale[threadIdx.x] : 1.f;
-  // The first head of a group appends B: elements threadIdx.x and threadIdx.x + kThreads.
-  const bool appends_B = w.chunk == 0 && w.head == w.group * int(p.heads_per_group);
-  Act B_mine[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int n = threadIdx.x + h * kThreads;
-    if (appends_B && n < N) B_mine[h] = load_one(B_now + n);
-  }
   if (cursor < 0 || cursor >= L) {  // a corrupt cursor: skip the row, touch nothing
     wait_tile<Ly>(barrier);         // (after the copy into this CTA's shared memory has landed)
     return;
@@ -666,7 +680,7 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
 #pragma unroll 4
     for (int j = j_x + kEarlyX * x_step; j < count; j += x_step) stage_x(j, x_of(j));
   }
-  if (gated && int(threadIdx.x) < w.rows) z_s[threadIdx.x] = z_mine;
+  if (gated && int(threadIdx.x) < w.rows) z_s[threadIdx.x] = to_float(z_mine);
   if (CheckpointFormat<S>::kScaled && int(threadIdx.x) < w.rows) scale_s[threadIdx.x] = scale_mine;
   if (appends_B && !flush) {
 #pragma unroll
@@ -759,11 +773,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
                                                                  bool output_only) {
   extern __shared__ __align__(128) unsigned char smem[];
   const CtaWork w = cta_work(p, rows_per_cta);
-  const int64_t slot = device_slot(p, w.row);
-  if (slot < 0) return;
   replay_rows<S, Act, kKind, kStochastic, false>(
-      p, w, slot, [&] { return load_one(p.cursors + slot * p.cursors_stride); }, rows_per_cta,
-      output_only, smem);
+      p, w, [&] { return device_slot(p, w.row); },
+      [&](int64_t slot) { return load_one(p.cursors + slot * p.cursors_stride); }, rows_per_cta, output_only, smem);
 }
 
 // A flush CTA's shared memory (a whole fp32 head's tile, the window's x and B) admits four CTAs an
@@ -788,8 +800,8 @@ __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) replay_flush_ker
   };
   for_each_selected_row(int(p.batch), flush_slot, [&](int row, int64_t slot) {
     replay_rows<S, Act, kKind, false, true>(
-        p, cta_work(p, rows_per_cta, row), slot, [&] { return int(p.buffer_len) - 1; }, rows_per_cta,
-        output_only, smem);
+        p, cta_work(p, rows_per_cta, row), [&] { return slot; }, [&](int64_t) { return int(p.buffer_len) - 1; },
+        rows_per_cta, output_only, smem);
     __syncthreads();  // every thread is done with the tile: the barrier can be set up again
     if (threadIdx.x == 0) barrier_inval(reinterpret_cast<uint64_t*>(smem));
   });

@@ -769,6 +769,32 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   float* decay_s = floats + layout.decay;
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const CtaWork w = cta_work(p, rows_per_cta);
+  // This step's inputs need none of the row's slots or counts: every token of the call's window
+  // asked for first, kept as stored, so that they do not queue behind the tile's copy.
+  const int g = w.group;
+  constexpr int kPerThread = (kMaxStateDim + kThreads - 1) / kThreads;
+  Act b[kPerThread][kMaxSpecWindow], c[kPerThread][kMaxSpecWindow];
+#pragma unroll
+  for (int q = 0; q < kPerThread; ++q) {
+    const int k = threadIdx.x + q * kThreads;
+#pragma unroll
+    for (int t = 0; t < kMaxSpecWindow; ++t) {
+      if (k >= N || t >= T) continue;
+      b[q][t] = load_one(token<Act>(p.B, w.row * p.B_stride_batch + g * p.B_stride_group + k, t, p.B_stride_token));
+      c[q][t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
+    }
+  }
+  const bool has_row = int(threadIdx.x) < w.rows;  // chunk row threadIdx.x
+  float raw_dt[kMaxSpecWindow];
+  Act x[kMaxSpecWindow], z[kMaxSpecWindow];
+#pragma unroll
+  for (int t = 0; t < kMaxSpecWindow; ++t) {
+    if (!has_row || t >= T) continue;
+    const int64_t i = w.first + threadIdx.x;
+    raw_dt[t] = load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + t * p.dt_stride_token + w.head * p.dt_stride_head);
+    x[t] = load_one(token<Act>(p.x, w.row * p.x_stride_batch + w.head * p.x_stride_head + i, t, p.x_stride_token));
+    if (p.z) z[t] = load_one(token<Act>(p.z, w.row * p.z_stride_batch + w.head * p.z_stride_head + i, t, p.z_stride_token));
+  }
   if (device_slot(p, w.row) < 0) return;
   const int n = p.num_valid_tokens ? load_one(p.num_valid_tokens + w.row * p.num_valid_tokens_stride) : T;
   const int accepted = load_one(p.num_accepted_tokens + w.row * p.num_accepted_tokens_stride);
@@ -792,36 +818,20 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
     return;
   }
 
-  // Every load of a thread's staging is issued before its first store, as in verify_kernel.
-  const int g = w.group;
-  for (int k = threadIdx.x; k < N; k += kThreads) {
-    Act b[kMaxSpecWindow], c[kMaxSpecWindow];
+#pragma unroll
+  for (int q = 0; q < kPerThread; ++q) {
+    const int k = threadIdx.x + q * kThreads;
 #pragma unroll
     for (int t = 0; t < kMaxSpecWindow; ++t) {
-      if (t >= n) continue;
-      b[t] = load_one(token<Act>(p.B, w.row * p.B_stride_batch + g * p.B_stride_group + k, t, p.B_stride_token));
-      c[t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
-    }
-#pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) {
-      if (t >= n) continue;
-      B_s[t * N + shared_position<Ly>(k)] = to_float(b[t]);
-      C_s[t * N + shared_position<Ly>(k)] = to_float(c[t]);
+      if (k >= N || t >= n) continue;
+      B_s[t * N + shared_position<Ly>(k)] = to_float(b[q][t]);
+      C_s[t * N + shared_position<Ly>(k)] = to_float(c[q][t]);
     }
   }
   const float A = head_value(p.A, w.head, 0.f), bias = head_value(p.dt_bias, w.head, 0.f);
   const float D = head_value(p.D, w.head, 0.f);
-  if (int(threadIdx.x) < w.rows) {
+  if (has_row) {
     const int i = threadIdx.x;
-    float raw_dt[kMaxSpecWindow];
-    Act x[kMaxSpecWindow], z[kMaxSpecWindow];
-#pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) {
-      if (t >= n) continue;
-      raw_dt[t] = load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + t * p.dt_stride_token + w.head * p.dt_stride_head);
-      x[t] = load_one(token<Act>(p.x, w.row * p.x_stride_batch + w.head * p.x_stride_head + w.first + i, t, p.x_stride_token));
-      if (p.z) z[t] = load_one(token<Act>(p.z, w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + i, t, p.z_stride_token));
-    }
 #pragma unroll
     for (int t = 0; t < kMaxSpecWindow; ++t) {
       if (t >= n) continue;
