@@ -7,9 +7,10 @@
 //   synchronises with the host and never reads a cursor on the host: it can be captured in a CUDA
 //   graph and replayed, the flush being decided per row on the device;
 // - the grid depends only on the (padded) batch, the geometry and the dtypes;
-// - a row whose slot is pad_slot_id returns before touching any memory; so does a row whose slot
-//   or cursor is out of range on the device (its out row is left untouched: the caller's bug, but
-//   never a write out of bounds).
+// - a row whose slot is pad_slot_id returns before touching the state, the caches or its out row
+//   (kernels may have read its own inputs first: they lie in the padded batch); so does a row
+//   whose slot or cursor is out of range on the device (the caller's bug, but never an access out
+//   of bounds).
 #pragma once
 
 #include "api/params.hpp"

@@ -2,8 +2,8 @@
 // serving-engine rules as mamba2_cuda.hpp: the caller's stream only, on the device of the tensors;
 // no allocation, no host synchronisation, no host read of a ring, slot or accepted count (CUDA
 // graph safe); the grid depends only on the padded batch, the geometry and the dtypes; pad rows,
-// and rows whose slot, ring or counts are out of range on the device, return before touching
-// memory.
+// and rows whose slot, ring or counts are out of range on the device, return before touching the
+// states, the rings or their out rows (some kernels read the row's own inputs first).
 #pragma once
 
 #include "api/spec_params.hpp"
