@@ -38,7 +38,7 @@ struct Mamba2Window {
   TensorView dt_bias;  // optional: (H), or (H, P) with stride(1) == 0
   bool dt_softplus = false;  // dt = softplus(dt + dt_bias), threshold 20
   // optional: (batch) int32 in [1, T]: row b carries tokens 0 .. num_valid_tokens[b] - 1 of the
-  // window, the rest is padding (read by nobody, out untouched). Absent: every row carries T.
+  // window, the rest is padding (its values never used, out untouched). Absent: every row carries T.
   TensorView num_valid_tokens;
   // spec_verify: optional (batch) int32, row -> slot (absent: row i uses slot i).
   // spec_state_update: (batch, T) int32, required: the slot of the state after each position.
