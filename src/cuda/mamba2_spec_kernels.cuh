@@ -423,22 +423,24 @@ __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) flush_kernel(con
 // Registers of the dot kernel capped for six CTAs an SM, as standard decode's (dot_shape).
 constexpr int kDotMinCtasPerSm = 6;
 
-// A flush row's committed inputs staged for fold_staged_tile by a CTA of the dot kernel: tile_rows
-// rows of its heads (`rows` of each from d.first), the ring's B and x of the c committed tokens
-// by asynchronous copies of 4 elements (the split path's alignment), and each head's fold weights
-// over them. Complete after wait_async_copies and a CTA barrier.
+// A flush row's committed inputs staged for fold_staged_tile by a CTA of the dot kernel: the rows
+// of its heads (d.rows of each from d.first), the ring's B and x of the c committed tokens by
+// asynchronous copies of 4 elements (the split path's alignment), and each head's fold weights
+// over them, at the end of a tile of `capacity` rows (a head's last chunk may have fewer rows,
+// and its first part must stay clear of them). Complete after wait_async_copies and a CTA barrier.
 template <typename S, typename Act>
 __device__ __forceinline__ StagedFold<Act> stage_committed(const SpecVerifyParams& p, const DotCta& d, int64_t slot,
-                                                           const VerifyRow& r, int heads, unsigned char* smem) {
+                                                           const VerifyRow& r, int heads, int capacity,
+                                                           unsigned char* smem) {
   const int N = int(p.state_dim), T = int(p.window), L = int(p.buffer_len), mask = int(p.ring_len) - 1;
-  const int rows = d.rows, tile_rows = heads * rows, c = r.committed, warp = threadIdx.x / 32;
-  const int64_t tile_end = kTileOffset + tile_bytes(tile_rows, N, sizeof(S));
+  const int rows = d.rows, c = r.committed, warp = threadIdx.x / 32;
+  const int64_t tile_end = kTileOffset + tile_bytes(capacity, N, sizeof(S));
   float* weights = reinterpret_cast<float*>(
-      smem + tile_end - dot_flush_window_bytes(heads, tile_rows, N, L - T, sizeof(Act)));  // (heads, kMaxBufferLen)
-  float* head_s = weights + heads * kMaxBufferLen;                                        // (heads, 4): decay
+      smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L - T, sizeof(Act)));  // (heads, kMaxBufferLen)
+  float* head_s = weights + heads * kMaxBufferLen;                                       // (heads, 4): decay
   const int B_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));
   Act* B_s = reinterpret_cast<Act*>(head_s + heads * 4);  // (L - T, B_pitch)
-  const int x_pitch = int(dot_flush_x_pitch(tile_rows, sizeof(Act)));
+  const int x_pitch = int(dot_flush_x_pitch(capacity, sizeof(Act)));
   Act* x_s = B_s + (L - T) * B_pitch;  // (L - T, x_pitch)
   auto position = [&](int j) { return (r.origin + j) & mask; };
   auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
@@ -488,23 +490,33 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int N = int(p.state_dim), P = int(p.head_dim), H = int(p.nheads), T = int(p.window);
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
-  float* C_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(heads_per_cta * rows, N, sizeof(S)));  // (T, N)
+  const int capacity = heads_per_cta * rows;  // tile rows (a head's last chunk may have fewer)
+  float* C_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(capacity, N, sizeof(S)));  // (T, N)
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const DotCta d = dot_cta(P, heads_per_cta, rows);
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
   const int tile_rows = heads_per_cta * rows;
+  if (threadIdx.x == 0) barrier_init(barrier, 2);
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
-  const VerifyRow r = verify_row(p, row, slot);
-  if (!r.valid || (r.flush && part_rows == 0)) return;
-  const int n = r.tokens;
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + first_head * p.state_stride_head +
              first * p.state_stride_p;
-  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0,
-                        r.flush ? min(part_rows, tile_rows) : tile_rows, N, barrier, L2Hint::kEvictFirst);
+  const int first_rows = first_part_rows(part_rows, tile_rows);
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, first_rows, N, barrier,
+                        L2Hint::kEvictFirst);
+  const VerifyRow r = verify_row(p, row, slot);
+  if (!r.valid || (r.flush && part_rows == 0)) {
+    drop_tile<Ly>(barrier);
+    return;
+  }
+  const int n = r.tokens;
+  const bool rest = !r.flush && first_rows < tile_rows;
+  if (rest)
+    start_heads_tile_load(tile + first_rows * N, state, p.state_stride_head, p.state_stride_p, rows, first_rows,
+                          tile_rows - first_rows, N, barrier + 1, L2Hint::kEvictFirst);
   StagedFold<Act> fold{};
-  if (r.flush) fold = stage_committed<S, Act>(p, d, slot, r, heads_per_cta, smem);
+  if (r.flush) fold = stage_committed<S, Act>(p, d, slot, r, heads_per_cta, capacity, smem);
   const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                  first_head / int(p.heads_per_group) * p.C_stride_group;
   for (int k = threadIdx.x; k < N; k += kThreads) {
@@ -517,6 +529,7 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
       if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
   }
   if (r.flush) wait_async_copies();
+  if (threadIdx.x == 0 && rest) wait_tile<Ly>(barrier + 1);
   wait_tile_all<Ly>(barrier);
 
   // Tile row u of the CTA is row first + u % rows of head first_head + u / rows: the heads are
