@@ -87,18 +87,11 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
   return unsigned(__cvta_generic_to_shared(p));
 }
 
-// One arrival (the issuing thread's) plus the bytes of the copies completes a barrier's phase 0.
-// Sets up `count` consecutive barriers. The fence waits for the thread's loads in flight (it
-// compiles to a memory barrier), so a kernel that can sets its barriers up before its first load.
-__device__ __forceinline__ void barrier_init(uint64_t* barrier, int count = 1) {
-  for (int i = 0; i < count; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier + i)) : "memory");
+// One arrival (the issuing thread's) plus the bytes of the copies completes the barrier's phase 0.
+__device__ __forceinline__ void barrier_init(uint64_t* barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)) : "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the init, seen by the copy engine
 }
-
-// Orders this CTA's reads of shared memory (a CTA barrier ago) before the copy engine's writes
-// of a copy issued next into the same bytes.
-__device__ __forceinline__ void reads_before_copy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ void barrier_expect_bytes(uint64_t* barrier, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
@@ -384,24 +377,28 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
 
 // Starts the bulk copy of the tile rows [first, first + count) of a tile of `rows` state rows of
 // each of consecutive heads (head stride stride_head, row stride stride_p, rows of N elements;
-// tile row k rows + i is row i of head k) into `dst` from its start: the split paths' dot kernels,
-// vectorised layouts only. It completes the barrier's next phase (set up by barrier_init; wait_tile
-// before use); a part copied where the one before was comes after reads_before_copy.
+// tile row k rows + i is row i of head k) into `tile` from its start: the split paths' dot kernels,
+// vectorised layouts only. The copy from row 0 sets the barrier up (wait_tile before use); one
+// from a later row, once the one before has landed and been read, completes its next phase.
 template <typename S>
-__device__ __forceinline__ void start_heads_tile_load(S* dst, const S* state, int64_t stride_head,
+__device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, int64_t stride_head,
                                                       int64_t stride_p, int rows, int first, int count,
                                                       int N, uint64_t* barrier, L2Hint hint) {
   if (threadIdx.x != 0) return;
   const unsigned row_bytes = unsigned(N * sizeof(S));
+  if (first == 0)
+    barrier_init(barrier);
+  else  // the reads of the part before (a CTA barrier ago), ordered before the copy engine's writes
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   barrier_expect_bytes(barrier, row_bytes * unsigned(count));
   for (int k = first / rows; k * rows < first + count; ++k) {
     const int begin = max(first, k * rows), end = min(first + count, (k + 1) * rows);
-    S* to = dst + (begin - first) * N;
+    S* dst = tile + (begin - first) * N;
     const S* src = state + k * stride_head + (begin - k * rows) * stride_p;
     if (stride_p == N) {
-      bulk_copy_to_shared(to, src, row_bytes * unsigned(end - begin), barrier, hint);
+      bulk_copy_to_shared(dst, src, row_bytes * unsigned(end - begin), barrier, hint);
     } else {
-      for (int i = 0; i < end - begin; ++i) bulk_copy_to_shared(to + i * N, src + i * stride_p, row_bytes, barrier, hint);
+      for (int i = 0; i < end - begin; ++i) bulk_copy_to_shared(dst + i * N, src + i * stride_p, row_bytes, barrier, hint);
     }
   }
 }
@@ -409,21 +406,6 @@ __device__ __forceinline__ void start_heads_tile_load(S* dst, const S* state, in
 // phase: of the barrier, for a tile copied in parts on one barrier (start_heads_tile_load).
 template <typename Ly> __device__ __forceinline__ void wait_tile(uint64_t* barrier, unsigned phase = 0) {
   if constexpr (!Ly::kMasked) barrier_wait(barrier, phase & 1u);
-}
-
-// The split paths' dot kernels ask for their tile's first part as soon as the row's slot is known,
-// before its cursor says whether the row flushes (the slot -> cursor -> copy chain is a dot CTA's
-// life at small batch): a flush row folds the tile part by part from it, any other row asks for
-// the rest on a second barrier once it knows. With no parts (part_rows 0) the first part is the
-// whole tile.
-__device__ __forceinline__ int first_part_rows(int part_rows, int tile_rows) {
-  return part_rows > 0 ? min(part_rows, tile_rows) : tile_rows;
-}
-
-// A CTA that returns without its tile still waits for the copy: shared memory must not be released
-// while the copy engine writes it.
-template <typename Ly> __device__ __forceinline__ void drop_tile(uint64_t* barrier) {
-  if (threadIdx.x == 0) wait_tile<Ly>(barrier);
 }
 
 // Row i of the tile, this lane's slice, widened (zero for rows past the chunk and past N).
@@ -734,7 +716,6 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
       }
       if (batch == batches - 1 && next < tile_rows) {  // the part is in registers: the next one may land
         __syncthreads();
-        if (threadIdx.x == 0) reads_before_copy();
         start_heads_tile_load(tile, state, stride_head, stride_p, rows, next, min(part_rows, tile_rows - next), N,
                               barrier, L2Hint::kEvictFirst);
       }

@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 // stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The
 // window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
 // dot_flush_window_bytes: C and B, x and z make L + 1 rows each) while the first part_rows tile
-// rows, which the caller asked for (first_part_rows), land; fold_staged_tile folds the tile part
-// by part.
+// rows land; fold_staged_tile folds the tile part by part.
 template <typename S, typename Act, RowLayoutKind kKind>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
                                             int capacity, int part_rows, unsigned char* smem) {
@@ -126,6 +125,8 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   const int g = d.first_head / int(p.heads_per_group);
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + d.first_head * p.state_stride_head +
              d.first * p.state_stride_p;
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, min(part_rows, tile_rows), N,
+                        barrier, L2Hint::kEvictFirst);
   // The window by asynchronous copies of 4 elements: C, B_j (cached, then this step's), x_j and z
   // of the tile rows.
   auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
@@ -192,8 +193,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 // every head, into the workspace (batch, H, P). Flush rows fold their window into their
 // checkpoints instead (flush_heads, where part_rows > 0). A non-flush CTA reads its slot, its cursor, C
 // and its tile and nothing else, so that its life is one copy of its tile: a lean read of the
-// checkpoint (the tile's first part asked for before the cursor: first_part_rows). Corrupt
-// cursors are skipped (the window kernel skips them too).
+// checkpoint. Corrupt cursors are skipped (the window kernel skips them too).
 template <typename S, typename Act, RowLayoutKind kKind>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
                                                                  int heads_per_cta, int rows, int part_rows) {
@@ -209,30 +209,19 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   const DotCta d = dot_cta(P, heads_per_cta, rows);
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
-  if (threadIdx.x == 0) barrier_init(barrier, 2);
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
-  const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
-                   first_head * p.state_stride_head + first * p.state_stride_p;
-  const int copied_rows = heads_per_cta * rows, first_rows = first_part_rows(part_rows, copied_rows);
-  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, first_rows, N, barrier,
-                        L2Hint::kEvictFirst);
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
-  const bool flush = cursor == int(p.buffer_len) - 1, folds = !CheckpointFormat<S>::kScaled && part_rows > 0;
-  if (cursor < 0 || cursor >= int(p.buffer_len) || (flush && !folds)) {  // else the flush kernel's
-    drop_tile<Ly>(barrier);
+  if (cursor < 0 || cursor >= int(p.buffer_len)) return;
+  if (cursor == int(p.buffer_len) - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
+    if constexpr (!CheckpointFormat<S>::kScaled)
+      if (part_rows > 0) flush_heads<S, Act, kKind>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
     return;
   }
-  if constexpr (!CheckpointFormat<S>::kScaled) {
-    if (flush) {
-      flush_heads<S, Act, kKind>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
-      return;
-    }
-  }
-  const bool rest = first_rows < copied_rows;
-  if (rest)
-    start_heads_tile_load(tile + first_rows * N, state, p.state_stride_head, p.state_stride_p, rows, first_rows,
-                          copied_rows - first_rows, N, barrier + 1, L2Hint::kEvictFirst);
+  const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
+                   first_head * p.state_stride_head + first * p.state_stride_p;
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
+                        L2Hint::kEvictFirst);
   float c[Ly::kVecsPerLane][Ly::kVec];
   load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                      first_head / int(p.heads_per_group) * p.C_stride_group,
@@ -244,7 +233,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
                                  first + t - k * rows];
     }
   }
-  if (threadIdx.x == 0 && rest) wait_tile<Ly>(barrier + 1);
   wait_tile_all<Ly>(barrier);
 
   const int batches = (rows + Ly::kBatchRows - 1) / Ly::kBatchRows;

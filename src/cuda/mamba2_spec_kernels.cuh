@@ -497,24 +497,15 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
   const int tile_rows = heads_per_cta * rows;
-  if (threadIdx.x == 0) barrier_init(barrier, 2);
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
+  const VerifyRow r = verify_row(p, row, slot);
+  if (!r.valid || (r.flush && part_rows == 0)) return;
+  const int n = r.tokens;
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + first_head * p.state_stride_head +
              first * p.state_stride_p;
-  const int first_rows = first_part_rows(part_rows, tile_rows);
-  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, first_rows, N, barrier,
-                        L2Hint::kEvictFirst);
-  const VerifyRow r = verify_row(p, row, slot);
-  if (!r.valid || (r.flush && part_rows == 0)) {
-    drop_tile<Ly>(barrier);
-    return;
-  }
-  const int n = r.tokens;
-  const bool rest = !r.flush && first_rows < tile_rows;
-  if (rest)
-    start_heads_tile_load(tile + first_rows * N, state, p.state_stride_head, p.state_stride_p, rows, first_rows,
-                          tile_rows - first_rows, N, barrier + 1, L2Hint::kEvictFirst);
+  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0,
+                        r.flush ? min(part_rows, tile_rows) : tile_rows, N, barrier, L2Hint::kEvictFirst);
   StagedFold<Act> fold{};
   if (r.flush) fold = stage_committed<S, Act>(p, d, slot, r, heads_per_cta, capacity, smem);
   const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
@@ -529,7 +520,6 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
       if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
   }
   if (r.flush) wait_async_copies();
-  if (threadIdx.x == 0 && rest) wait_tile<Ly>(barrier + 1);
   wait_tile_all<Ly>(barrier);
 
   // Tile row u of the CTA is row first + u % rows of head first_head + u / rows: the heads are
