@@ -638,15 +638,21 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   __syncthreads();
 
   // The weights of each (head, output t) pair over the tokens [first, c + t], and its decay: for
-  // windows of up to 16 tokens two pairs a warp pass (window_weights_16), else one.
+  // windows of up to 16 tokens two heads a warp pass, lane 16 s + j holding token j of head s for
+  // all the head's outputs (window_weights_16), else one pair a pass.
   const int pairs = heads * n;
   if (layout.coef_stride == 16) {
-    for (int q0 = 2 * warp; q0 < pairs; q0 += 2 * warps) {
-      const int q = q0 + lane / 16, j = lane % 16;
-      const bool has_pair = q < pairs;
-      const int kq = has_pair ? q / n : 0, t = has_pair ? q - kq * n : 0;
-      window_weights_16(j >= first && j < count ? dt_s[kq * L + j] : 0.f, first, c + t + 1, A_s[kq],
-                        has_pair ? coef + (kq * T + t) * 16 : nullptr, has_pair ? &decay[kq][t] : nullptr);
+    for (int k0 = 2 * warp; k0 < heads; k0 += 2 * warps) {
+      const int kq = k0 + lane / 16, j = lane % 16;
+      const bool has_head = kq < heads;
+      const int k_s = has_head ? kq : 0;
+      const float dt = j >= first && j < count ? dt_s[k_s * L + j] : 0.f;
+#pragma unroll
+      for (int t = 0; t < kMaxT; ++t) {
+        if (t >= n) break;
+        window_weights_16(dt, first, c + t + 1, A_s[k_s], has_head ? coef + (k_s * T + t) * 16 : nullptr,
+                          has_head ? &decay[k_s][t] : nullptr);
+      }
     }
   } else {
     for (int q = warp; q < pairs; q += warps) {
