@@ -605,35 +605,57 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   if (has_rows) stage_x(first);
 
   // Each head's scalars; the effective dt of the tokens of every head, once for all its outputs
-  // (the window's raw dt appended).
-  if (int(threadIdx.x) < heads) {
-    const int hq = first_head + int(threadIdx.x);
-    A_s[threadIdx.x] = head_value(p.A, hq, 0.f);
-    D_s[threadIdx.x] = head_value(p.D, hq, 0.f);
-  }
-  const int span = count - first;  // the tokens the outputs see
-  for (int e = threadIdx.x; e < heads * span; e += blockDim.x) {
-    const int kq = e / span, j = first + e - kq * span;
-    float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head;
-    float raw;
-    if (j < c) {
-      raw = __ldg(dt_ring + position(j));
-    } else {
-      raw = load_as<float>(p.dt, p.dt_dtype,
-                           row * p.dt_stride_batch + (j - c) * p.dt_stride_token + (first_head + kq) * p.dt_stride_head);
-      dt_ring[position(j)] = raw;
-    }
-    dt_s[kq * L + j] = effective_dt(raw, head_value(p.dt_bias, first_head + kq, 0.f), p.dt_softplus);
-  }
-  // The window's C, widened; the group's first head appends the window's B.
+  // (the window's raw dt appended); the window's C, widened; the group's first head appends the
+  // window's B. A thread asks for all its values (kPrologueItems of each kind a round) before it
+  // stores any: a store right after its load would make each a round trip of its own.
   const Act* C_window = static_cast<const Act*>(p.C) + row * p.C_stride_batch + g * p.C_stride_group;
   const Act* B_window = static_cast<const Act*>(p.B) + row * p.B_stride_batch + g * p.B_stride_group;
   Act* B_ring = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + g * p.Bc_stride_group;
   const bool appends_B = first_head == g * hpg;
-  for (int e = threadIdx.x; e < n * N; e += blockDim.x) {
-    const int t = e / N, m = e - t * N;
-    C_s[e] = to_float(load_one(C_window + t * p.C_stride_token + m));
-    if (appends_B) B_ring[position(c + t) * p.Bc_stride_pos + m] = load_one(B_window + t * p.B_stride_token + m);
+  float A = 0.f, D = 0.f;
+  if (int(threadIdx.x) < heads) {
+    A = head_value(p.A, first_head + int(threadIdx.x), 0.f);
+    D = head_value(p.D, first_head + int(threadIdx.x), 0.f);
+  }
+  const int span = count - first;  // the tokens the outputs see
+  const int dt_items = heads * span, cb_items = n * N, step = int(blockDim.x);
+  for (int e0 = threadIdx.x; e0 < max(dt_items, cb_items); e0 += kPrologueItems * step) {
+    float raw[kPrologueItems], bias[kPrologueItems];
+    Act C_e[kPrologueItems], B_e[kPrologueItems];
+#pragma unroll
+    for (int u = 0; u < kPrologueItems; ++u) {
+      const int e = e0 + u * step;
+      if (e < dt_items) {
+        const int kq = e / span, j = first + e - kq * span;
+        raw[u] = j < c ? __ldg(p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j))
+                       : load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
+                                                              (first_head + kq) * p.dt_stride_head);
+        bias[u] = head_value(p.dt_bias, first_head + kq, 0.f);
+      }
+      if (e < cb_items) {
+        const int t = e / N, m = e - t * N;
+        C_e[u] = load_one(C_window + t * p.C_stride_token + m);
+        if (appends_B) B_e[u] = load_one(B_window + t * p.B_stride_token + m);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPrologueItems; ++u) {
+      const int e = e0 + u * step;
+      if (e < dt_items) {
+        const int kq = e / span, j = first + e - kq * span;
+        if (j >= c) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j)] = raw[u];
+        dt_s[kq * L + j] = effective_dt(raw[u], bias[u], p.dt_softplus);
+      }
+      if (e < cb_items) {
+        const int t = e / N, m = e - t * N;
+        C_s[e] = to_float(C_e[u]);
+        if (appends_B) B_ring[position(c + t) * p.Bc_stride_pos + m] = B_e[u];
+      }
+    }
+  }
+  if (int(threadIdx.x) < heads) {
+    A_s[threadIdx.x] = A;
+    D_s[threadIdx.x] = D;
   }
   __syncthreads();
 
