@@ -151,16 +151,18 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   for (int k = warp; k < heads; k += kThreads / 32) {
     const int head = d.first_head + k;
     const float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head;
+    // Every value asked for before any is used: one round trip, not one a value.
     const float raw_dt_now = load_as<float>(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + head * p.dt_stride_head);
+    const float bias = head_value(p.dt_bias, head, 0.f), A = head_value(p.A, head, 0.f), D = head_value(p.D, head, 0.f);
     float raw_dt[2], dt[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = threadIdx.x % 32 + 32 * h;
       raw_dt[h] = j < L - 1 ? __ldg(dt_hist + j) : raw_dt_now;
     }
-    window_dt(raw_dt, L - 1, head_value(p.dt_bias, head, 0.f), p.dt_softplus, dt);
-    window_weights(dt, 0, L - 1, head_value(p.A, head, 0.f), weights + k * kMaxBufferLen, head_s + 4 * k);
-    if (threadIdx.x % 32 == 0) head_s[4 * k + 1] = head_value(p.D, head, 0.f);
+    window_dt(raw_dt, L - 1, bias, p.dt_softplus, dt);
+    window_weights(dt, 0, L - 1, A, weights + k * kMaxBufferLen, head_s + 4 * k);
+    if (threadIdx.x % 32 == 0) head_s[4 * k + 1] = D;
   }
   wait_async_copies();
   wait_tile_all<Ly>(barrier);

@@ -462,14 +462,14 @@ __device__ __forceinline__ StagedFold<Act> stage_committed(const SpecVerifyParam
   for (int k = warp; k < heads; k += kWarps) {
     const int head = d.first_head + k;
     const float* dt_ring = p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head;
-    const float bias = head_value(p.dt_bias, head, 0.f);
+    const float bias = head_value(p.dt_bias, head, 0.f), A = head_value(p.A, head, 0.f);  // with the dt
     float dt[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = threadIdx.x % 32 + 32 * h;
       dt[h] = j < c ? effective_dt(__ldg(dt_ring + position(j)), bias, p.dt_softplus) : 0.f;
     }
-    window_weights(dt, 0, c - 1, head_value(p.A, head, 0.f), weights + k * kMaxBufferLen, head_s + 4 * k);
+    window_weights(dt, 0, c - 1, A, weights + k * kMaxBufferLen, head_s + 4 * k);
   }
   return StagedFold<Act>{weights, head_s, B_s, x_s, B_pitch, x_pitch, c};
 }
