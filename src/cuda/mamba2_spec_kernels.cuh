@@ -219,53 +219,103 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
     raw_dt[h] = j < staged ? raw_dt_of(j) : 0.f;
   }
   // B: one token per row group at a time, in the layout's slices (16-byte or 8-byte accesses on
-  // the vectorised layouts, whose alignment the host checked). Each thread issues all of its
-  // loads of a stage before its first store: the stores could alias the loads for all the
-  // compiler knows, which would serialise one memory round trip a token.
+  // the vectorised layouts, whose alignment the host checked); C of every output; x of every token
+  // for the chunk's rows: with x_slices (the host checked 16-byte alignment of every x row and
+  // chunk) one 16-byte access a thread, a pass covering kThreads / vectors tokens, otherwise one
+  // element a thread, kStagedTokens tokens' loads before their stores; z. A thread asks for its
+  // values of the first kStageRounds rounds of B, of C, of the first pass of x and of z before it
+  // stores any: the stores could alias the loads for all the compiler knows, which would
+  // serialise one memory round trip a stage (the longer windows' further rounds follow, each a
+  // round trip). kFoldOnly (the flush kernel, whose registers that spills) keeps a round trip a
+  // stage. Thread (i, j0) also forms the history sums of row i for outputs j0, j0 + x_step, ...
+  // below.
   const bool appends_B = !kFoldOnly && w.chunk == 0 && w.head == g * int(p.heads_per_group);
   const bool appends_x = !kFoldOnly;
-  for (int j = group; j < staged; j += Ly::kRowGroups) {
-    Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
-    load_slice_packs<Ly>(B_of(j), lane, N, b);
-    Act* appended = appends_B && j >= c ? B_ring + position(j) * p.Bc_stride_pos : nullptr;
+  constexpr bool kEarly = !kFoldOnly;
+  constexpr int kStageRounds = kEarly ? 2 : 0, kCRounds = kMaxStateDim / kThreads;
+  auto stage_B = [&](int j, const Pack<Act, Ly::kVec> (&b)[Ly::kVecsPerLane]) {
     store_shared_slice<Ly>(B_s + j * N, b, lane, N);
-    if (appended) {
+    if (appends_B && j >= c) {
 #pragma unroll
       for (int v = 0; v < Ly::kVecsPerLane; ++v) {
         const int column = first_element<Ly>(v, lane);
-        if (!Ly::kMasked || column < N) store_pack(appended + column, b[v]);
+        if (!Ly::kMasked || column < N) store_pack(B_ring + position(j) * p.Bc_stride_pos + column, b[v]);
       }
     }
+  };
+  Pack<Act, Ly::kVec> b_early[kEarly ? kStageRounds : 1][Ly::kVecsPerLane];
+#pragma unroll
+  for (int q = 0; q < kStageRounds; ++q) {
+    const int j = group + q * Ly::kRowGroups;
+    if (j < staged) load_slice_packs<Ly>(B_of(j), lane, N, b_early[q]);
   }
-  for (int k = threadIdx.x; k < N; k += kThreads) {
-    Act v[kMaxT];
+  Act C_v[kCRounds][kMaxT];
+  auto load_C = [&](int q) {
+    const int k = int(threadIdx.x) + q * kThreads;
 #pragma unroll
     for (int t = 0; t < kMaxT; ++t)
-      if (t < n) v[t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
+      if (k < N && t < n)
+        C_v[q][t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
+  };
+  if constexpr (kEarly) {
+#pragma unroll
+    for (int q = 0; q < kCRounds; ++q) load_C(q);
+  }
+  constexpr int kXVec = 16 / int(sizeof(Act));
+  // With x_slices: thread x_i / kXVec of a pass of tokens_per_pass tokens from x_j.
+  auto x_pass = [&](int& x_i, int& x_j, int& tokens_per_pass) {
+    const int vectors = x_slices ? rows_per_cta / kXVec : 1;
+    tokens_per_pass = kThreads / vectors;
+    x_i = threadIdx.x % vectors * kXVec;
+    x_j = threadIdx.x / vectors;
+    return x_slices && x_i < w.rows && int(threadIdx.x) < tokens_per_pass * vectors;
+  };
+  Pack<Act, kXVec> x_early{};
+  if constexpr (kEarly) {
+    int x_i, x_j, tokens_per_pass;
+    if (x_pass(x_i, x_j, tokens_per_pass) && x_j < staged) x_early = load_pack<Act, kXVec>(x_of(x_j) + x_i);
+  }
+  const bool stages_z = !kFoldOnly && p.z && int(threadIdx.x) < w.rows;
+  Act z_v[kMaxT];
+  if (stages_z) {
+    const int64_t z_offset = w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + threadIdx.x;
 #pragma unroll
     for (int t = 0; t < kMaxT; ++t)
-      if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
+      if (t < n) z_v[t] = load_one(token<Act>(p.z, z_offset, t, p.z_stride_token));
   }
-  // x of every token for the chunk's rows. With x_slices (the host checked 16-byte alignment of
-  // every x row and chunk), one 16-byte access a thread: a pass covers kThreads / vectors tokens;
-  // otherwise one element a thread, kStagedTokens tokens' loads before their stores.
-  // Thread (i, j0) also forms the history sums of row i for outputs j0, j0 + x_step, ... below.
+
+#pragma unroll
+  for (int q = 0; q < kStageRounds; ++q) {
+    const int j = group + q * Ly::kRowGroups;
+    if (j < staged) stage_B(j, b_early[q]);
+  }
+  for (int j = group + kStageRounds * Ly::kRowGroups; j < staged; j += Ly::kRowGroups) {
+    Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
+    load_slice_packs<Ly>(B_of(j), lane, N, b);
+    stage_B(j, b);
+  }
+#pragma unroll
+  for (int q = 0; q < kCRounds; ++q) {
+    if constexpr (!kEarly) load_C(q);
+    const int k = int(threadIdx.x) + q * kThreads;
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t)
+      if (k < N && t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(C_v[q][t]);
+  }
   const int x_step = kThreads / rows_per_cta;
   const int x_row = threadIdx.x % rows_per_cta, x_first = threadIdx.x / rows_per_cta;
   const bool stages_x = x_row < w.rows && x_first < x_step;
-  if (x_slices) {
-    constexpr int kXVec = 16 / int(sizeof(Act));
-    const int vectors = rows_per_cta / kXVec, tokens_per_pass = kThreads / vectors;
-    const int i = threadIdx.x % vectors * kXVec;
-    if (i < w.rows && int(threadIdx.x) < tokens_per_pass * vectors) {
-      for (int j = threadIdx.x / vectors; j < staged; j += tokens_per_pass) {
-        const Pack<Act, kXVec> v = load_pack<Act, kXVec>(x_of(j) + i);
+  int x_i, x_j, tokens_per_pass;
+  if (x_pass(x_i, x_j, tokens_per_pass)) {
+    auto stage_x = [&](int j, const Pack<Act, kXVec>& v) {
 #pragma unroll
-        for (int e = 0; e < kXVec; ++e) x_s[j * pitch + i + e] = to_float(v.v[e]);
-        if (appends_x && j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos + i, v);
-      }
-    }
-  } else if (stages_x) {
+      for (int e = 0; e < kXVec; ++e) x_s[j * pitch + x_i + e] = to_float(v.v[e]);
+      if (appends_x && j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos + x_i, v);
+    };
+    if (kEarly && x_j < staged) stage_x(x_j, x_early);
+    for (int j = x_j + (kEarly ? tokens_per_pass : 0); j < staged; j += tokens_per_pass)
+      stage_x(j, load_pack<Act, kXVec>(x_of(j) + x_i));
+  } else if (!x_slices && stages_x) {
     for (int j0 = x_first; j0 < staged; j0 += kStagedTokens * x_step) {
       Act v[kStagedTokens];
 #pragma unroll
@@ -280,15 +330,10 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
       }
     }
   }
-  if (!kFoldOnly && p.z && int(threadIdx.x) < w.rows) {
-    const int64_t z_offset = w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + threadIdx.x;
-    Act v[kMaxT];
+  if (stages_z) {
 #pragma unroll
     for (int t = 0; t < kMaxT; ++t)
-      if (t < n) v[t] = load_one(token<Act>(p.z, z_offset, t, p.z_stride_token));
-#pragma unroll
-    for (int t = 0; t < kMaxT; ++t)
-      if (t < n) z_s[t * rows_per_cta + threadIdx.x] = to_float(v[t]);
+      if (t < n) z_s[t * rows_per_cta + threadIdx.x] = to_float(z_v[t]);
   }
   if (!kFoldOnly && w.chunk == 0 && int(threadIdx.x) < n)
     dt_ring[position(c + threadIdx.x)] = raw_dt_of(c + threadIdx.x);
