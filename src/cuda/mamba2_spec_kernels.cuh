@@ -352,18 +352,23 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
     for (int j = x_first; j < c; j += x_step) x_s[j * pitch + x_row] *= fold[j];
   }
   // The history coefficients: coef[t][j] = weight_{j,t} (B_j . C_t), one token per row group at a
-  // time.
+  // time, its dots with every output's C summed over the row group together (one chain of
+  // shuffles a token, not one a dot).
   for (int j0 = first; !kFoldOnly && j0 < count; j0 += Ly::kRowGroups) {
     const int j = j0 + group;
     float b[Ly::kVecsPerLane][Ly::kVec];
     shared_slice<Ly>(B_s + min(j, count - 1) * N, lane, N, b);
-    for (int t = 0; t < n; ++t) {
+    float dots[kMaxT];
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t) {
       float c_t[Ly::kVecsPerLane][Ly::kVec];
-      shared_slice<Ly>(C_s + t * N, lane, N, c_t);
-      float dot[1] = {slice_dot<Ly>(b, c_t)};
-      row_group_sums<Ly::kLanes>(dot);
-      if (lane == 0 && j < count && j <= c + t) coef[t * kMaxBufferLen + j] *= dot[0];
+      if (t < n) shared_slice<Ly>(C_s + t * N, lane, N, c_t);
+      dots[t] = t < n ? slice_dot<Ly>(b, c_t) : 0.f;
     }
+    row_group_sums<Ly::kLanes>(dots);
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t)
+      if (lane == 0 && t < n && j < count && j <= c + t) coef[t * kMaxBufferLen + j] *= dots[t];
   }
   __syncthreads();
   // hist[t][i], one (row, output) pair per thread at a time.
@@ -419,7 +424,7 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
 }
 
 // ReplaySSM verify in one kernel: every row (verify_rows).
-template <typename S, typename Act, RowLayoutKind kKind>
+template <typename S, typename Act, RowLayoutKind kKind, int kMaxT>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(const SpecVerifyParams p,
                                                                             int rows_per_cta,
                                                                             bool x_slices) {
@@ -427,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) verify_kernel(cons
   const CtaWork w = cta_work(p, rows_per_cta);
   const int64_t slot = device_slot(p, w.row);
   if (slot < 0) return;
-  verify_rows<S, Act, kKind, false, kMaxSpecWindow>(p, w, slot, rows_per_cta, x_slices, smem);
+  verify_rows<S, Act, kKind, false, kMaxT>(p, w, slot, rows_per_cta, x_slices, smem);
 }
 
 // ---- The split path (a workspace, vectorised layouts), as in standard decode ----------------------
@@ -825,8 +830,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
 
 // The baseline: token by token from the previous window's accepted state, the state after each
 // position stored in its slot: S = exp(A dt) S + dt x B^T, y = S C. The state stays in registers
-// across the positions (each store is the rounded copy of it).
-template <typename S, typename Act, RowLayoutKind kKind>
+// across the positions (each store is the rounded copy of it). kMaxT: T rounded up to 4 or 8.
+template <typename S, typename Act, RowLayoutKind kKind, int kMaxT>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(const SpecBaselineParams p,
                                                                            int rows_per_cta) {
   using Ly = Layout<S, kKind>;
@@ -849,22 +854,22 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   // asked for first, kept as stored, so that they do not queue behind the tile's copy.
   const int g = w.group;
   constexpr int kPerThread = (kMaxStateDim + kThreads - 1) / kThreads;
-  Act b[kPerThread][kMaxSpecWindow], c[kPerThread][kMaxSpecWindow];
+  Act b[kPerThread][kMaxT], c[kPerThread][kMaxT];
 #pragma unroll
   for (int q = 0; q < kPerThread; ++q) {
     const int k = threadIdx.x + q * kThreads;
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) {
+    for (int t = 0; t < kMaxT; ++t) {
       if (k >= N || t >= T) continue;
       b[q][t] = load_one(token<Act>(p.B, w.row * p.B_stride_batch + g * p.B_stride_group + k, t, p.B_stride_token));
       c[q][t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
     }
   }
   const bool has_row = int(threadIdx.x) < w.rows;  // chunk row threadIdx.x
-  float raw_dt[kMaxSpecWindow];
-  Act x[kMaxSpecWindow], z[kMaxSpecWindow];
+  float raw_dt[kMaxT];
+  Act x[kMaxT], z[kMaxT];
 #pragma unroll
-  for (int t = 0; t < kMaxSpecWindow; ++t) {
+  for (int t = 0; t < kMaxT; ++t) {
     if (!has_row || t >= T) continue;
     const int64_t i = w.first + threadIdx.x;
     raw_dt[t] = load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + t * p.dt_stride_token + w.head * p.dt_stride_head);
@@ -881,10 +886,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   const int64_t head_offset = w.head * p.state_stride_head + w.first * p.state_stride_p;
   start_tile_load<S, Ly>(tile, static_cast<const S*>(p.state) + source * p.state_stride_slot + head_offset,
                          p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal);
-  S* states[kMaxSpecWindow];  // the chunk's rows in each position's slot
+  S* states[kMaxT];  // the chunk's rows in each position's slot
   bool slots_valid = true;
 #pragma unroll
-  for (int t = 0; t < kMaxSpecWindow; ++t) {
+  for (int t = 0; t < kMaxT; ++t) {
     const int64_t slot = t < n ? baseline_slot(p, w.row, t) : 0;
     slots_valid = slots_valid && valid_slot(slot);
     states[t] = static_cast<S*>(p.state) + slot * p.state_stride_slot + head_offset;
@@ -898,7 +903,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   for (int q = 0; q < kPerThread; ++q) {
     const int k = threadIdx.x + q * kThreads;
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) {
+    for (int t = 0; t < kMaxT; ++t) {
       if (k >= N || t >= n) continue;
       B_s[t * N + shared_position<Ly>(k)] = to_float(b[q][t]);
       C_s[t * N + shared_position<Ly>(k)] = to_float(c[q][t]);
@@ -909,7 +914,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   if (has_row) {
     const int i = threadIdx.x;
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) {
+    for (int t = 0; t < kMaxT; ++t) {
       if (t >= n) continue;
       const float dt = effective_dt(raw_dt[t], bias, p.dt_softplus);
       xdt_s[t * rows_per_cta + i] = dt * to_float(x[t]);
@@ -925,9 +930,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
     float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
 #pragma unroll
     for (int k = 0; k < Ly::kRows; ++k) tile_row<S, Ly>(tile, chunk_row<Ly>(batch, k, group), w.rows, lane, N, s[k]);
-    float y[kMaxSpecWindow * Ly::kRows];
+    float y[kMaxT * Ly::kRows];
 #pragma unroll
-    for (int t = 0; t < kMaxSpecWindow; ++t) {
+    for (int t = 0; t < kMaxT; ++t) {
 #pragma unroll
       for (int k = 0; k < Ly::kRows; ++k) y[t * Ly::kRows + k] = 0.f;
       if (t >= n) continue;
@@ -979,8 +984,9 @@ template <typename S, typename Act>
 void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int rows_per_cta, bool x_slices,
                         cudaStream_t stream) {
   spec::with_layout(layout, [&](auto kind) {
-    spec::launch(spec::verify_kernel<S, Act, decltype(kind)::value>, p, rows_per_cta,
-                 spec_verify_smem_bytes(p, layout, rows_per_cta), stream, x_slices);
+    constexpr RowLayoutKind k = decltype(kind)::value;
+    spec::launch(p.window <= 4 ? spec::verify_kernel<S, Act, k, 4> : spec::verify_kernel<S, Act, k, kMaxSpecWindow>,
+                 p, rows_per_cta, spec_verify_smem_bytes(p, layout, rows_per_cta), stream, x_slices);
   });
 }
 
@@ -1047,8 +1053,9 @@ template <typename S, typename Act>
 void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int rows_per_cta,
                           cudaStream_t stream) {
   spec::with_layout(layout, [&](auto kind) {
-    spec::launch(spec::baseline_kernel<S, Act, decltype(kind)::value>, p, rows_per_cta,
-                 spec_baseline_smem_bytes(p, layout, rows_per_cta), stream);
+    constexpr RowLayoutKind k = decltype(kind)::value;
+    spec::launch(p.window <= 4 ? spec::baseline_kernel<S, Act, k, 4> : spec::baseline_kernel<S, Act, k, kMaxSpecWindow>,
+                 p, rows_per_cta, spec_baseline_smem_bytes(p, layout, rows_per_cta), stream);
   });
 }
 
