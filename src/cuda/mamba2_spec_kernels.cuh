@@ -183,6 +183,13 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
   const int origin = r.origin, c = r.committed, n = r.tokens;
   const float A = head_value(p.A, w.head, 0.f), bias = head_value(p.dt_bias, w.head, 0.f);
   const float D = head_value(p.D, w.head, 0.f);
+  if (!r.valid) {            // corrupt: touch nothing
+    wait_tile<Ly>(barrier);  // (after the copy into this CTA's shared memory has landed)
+    return;
+  }
+  const bool flush = r.flush;
+  const int first = flush ? c : 0, count = c + n;
+  const int staged = kFoldOnly ? c : count;  // the tokens whose B and x are staged
 
   // Token j's inputs: the ring below c, the window from c on.
   const int g = w.group;
@@ -192,102 +199,40 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
   const int64_t B_offset = w.row * p.B_stride_batch + g * p.B_stride_group;
   const int64_t x_offset = w.row * p.x_stride_batch + w.head * p.x_stride_head + w.first;
   const int64_t dt_offset = w.row * p.dt_stride_batch + w.head * p.dt_stride_head;
-  const int R = int(p.ring_len);
-
-  // kEarly (not the flush kernel, whose registers that spills): the inputs are asked for while the
-  // ring's origin and count are still on their way, so that all come back in one round trip: the
-  // window's own tokens by token, the ring's first positions by position (once the origin is known,
-  // position q holds token (q - origin) mod R). Lane l: the raw dt of positions l and l + 32 and of
-  // window token l; row group g: B at position g and of window token g; thread (x_i, x_j) of a pass
-  // of x: x at position x_j and of window token x_j; C and z of every window token. Whatever these
-  // do not cover (positions past them on longer rings, window tokens past them) is asked for by
-  // token afterwards. Every load comes before the first store, which for all the compiler knows
-  // could alias it.
-  constexpr bool kEarly = !kFoldOnly;
-  constexpr int kCRounds = kMaxStateDim / kThreads;
-  constexpr int kXVec = 16 / int(sizeof(Act));
-  const int dt_lane = threadIdx.x % 32;
-  float dt_at[2] = {0.f, 0.f}, dt_window = 0.f;
-  Pack<Act, Ly::kVec> B_at[Ly::kVecsPerLane], B_window[Ly::kVecsPerLane];
-  Pack<Act, kXVec> x_at{}, x_window{};
-  Act C_v[kCRounds][kMaxT];
-  // With x_slices: thread x_i / kXVec of a pass of tokens_per_pass tokens from x_j.
-  auto x_pass = [&](int& x_i, int& x_j, int& tokens_per_pass) {
-    const int vectors = x_slices ? rows_per_cta / kXVec : 1;
-    tokens_per_pass = kThreads / vectors;
-    x_i = threadIdx.x % vectors * kXVec;
-    x_j = threadIdx.x / vectors;
-    return x_slices && x_i < w.rows && int(threadIdx.x) < tokens_per_pass * vectors;
-  };
-  int x_i, x_j, tokens_per_pass;
-  const bool x_passes = x_pass(x_i, x_j, tokens_per_pass);
-  auto load_C = [&](int q) {
-    const int k = int(threadIdx.x) + q * kThreads;
-#pragma unroll
-    for (int t = 0; t < kMaxT; ++t)
-      if (k < N && t < T)
-        C_v[q][t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
-  };
-  if constexpr (kEarly) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      if (dt_lane + 32 * h < R) dt_at[h] = __ldg(dt_ring + dt_lane + 32 * h);
-    if (dt_lane < T) dt_window = load_as<float>(p.dt, p.dt_dtype, dt_offset + dt_lane * p.dt_stride_token);
-    if (group < R) load_slice_packs<Ly>(B_ring + group * p.Bc_stride_pos, lane, N, B_at);
-    if (group < T) load_slice_packs<Ly>(token<Act>(p.B, B_offset, group, p.B_stride_token), lane, N, B_window);
-#pragma unroll
-    for (int q = 0; q < kCRounds; ++q) load_C(q);
-    if (x_passes && x_j < R) x_at = load_pack<Act, kXVec>(x_ring + x_j * p.xc_stride_pos + x_i);
-    if (x_passes && x_j < T) x_window = load_pack<Act, kXVec>(token<Act>(p.x, x_offset, x_j, p.x_stride_token) + x_i);
-  }
-  const bool stages_z = !kFoldOnly && p.z && int(threadIdx.x) < w.rows;
-  Act z_v[kMaxT];
-  if (stages_z) {
-    const int64_t z_offset = w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + threadIdx.x;
-#pragma unroll
-    for (int t = 0; t < kMaxT; ++t)
-      if (t < T) z_v[t] = load_one(token<Act>(p.z, z_offset, t, p.z_stride_token));
-  }
-  if (!r.valid) {            // corrupt: touch nothing
-    wait_tile<Ly>(barrier);  // (after the copy into this CTA's shared memory has landed)
-    return;
-  }
-  const bool flush = r.flush;
-  const int first = flush ? c : 0, count = c + n;
-  const int staged = kFoldOnly ? c : count;  // the tokens whose B and x are staged
   auto position = [&](int j) { return (origin + j) & mask; };
-  auto token_at = [&](int q) { return (q - origin) & mask; };  // the token at ring position q < R
-  // Whether the early loads of `per_round` positions and window tokens a round cover token j.
-  auto early = [&](int j, int per_round) { return kEarly && (j < c ? position(j) : j - c) < per_round; };
   auto B_of = [&](int j) -> const Act* {
     return j < c ? B_ring + position(j) * p.Bc_stride_pos : token<Act>(p.B, B_offset, j - c, p.B_stride_token);
   };
   auto x_of = [&](int j) -> const Act* {
     return j < c ? x_ring + position(j) * p.xc_stride_pos : token<Act>(p.x, x_offset, j - c, p.x_stride_token);
   };
+  auto raw_dt_of = [&](int j) {
+    return j < c ? __ldg(dt_ring + position(j)) : load_as<float>(p.dt, p.dt_dtype, dt_offset + (j - c) * p.dt_stride_token);
+  };
 
-  // Token j's raw dt in lane j % 32 of every warp (two tokens a lane).
+  // Every warp reads the raw dt of the tokens (two a lane); B, C, x and z are staged (widened),
+  // and the window's x, dt and B appended to the ring at positions c .. c + n - 1, uncommitted.
   float raw_dt[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int j = dt_lane + 32 * h;
-    if constexpr (kEarly) {
-      const int q = position(j);
-      const float low = __shfl_sync(kFullMask, dt_at[0], q % 32), high = __shfl_sync(kFullMask, dt_at[1], q % 32);
-      const float mine = __shfl_sync(kFullMask, dt_window, (j - c) & 31);
-      raw_dt[h] = j < c ? (q < 32 ? low : high) : j < staged ? mine : 0.f;
-    } else {
-      raw_dt[h] = j < staged ? __ldg(dt_ring + position(j)) : 0.f;
-    }
+    const int j = threadIdx.x % 32 + 32 * h;
+    raw_dt[h] = j < staged ? raw_dt_of(j) : 0.f;
   }
-  // B (widened, in the layout's slices), C of every output, x of every token for the chunk's rows
-  // (with x_slices, the host having checked 16-byte alignment of every x row and chunk, by 16-byte
-  // accesses; otherwise one element a thread, kStagedTokens tokens' loads before their stores) and
-  // z staged; the window's x, dt and B appended to the ring at positions c .. c + n - 1,
-  // uncommitted. Thread (i, j0) also forms the history sums of row i for outputs j0, j0 + x_step,
-  // ... below.
+  // B: one token per row group at a time, in the layout's slices (16-byte or 8-byte accesses on
+  // the vectorised layouts, whose alignment the host checked); C of every output; x of every token
+  // for the chunk's rows: with x_slices (the host checked 16-byte alignment of every x row and
+  // chunk) one 16-byte access a thread, a pass covering kThreads / vectors tokens, otherwise one
+  // element a thread, kStagedTokens tokens' loads before their stores; z. A thread asks for its
+  // values of the first kStageRounds rounds of B, of C, of the first pass of x and of z before it
+  // stores any: the stores could alias the loads for all the compiler knows, which would
+  // serialise one memory round trip a stage (the longer windows' further rounds follow, each a
+  // round trip). kFoldOnly (the flush kernel, whose registers that spills) keeps a round trip a
+  // stage. Thread (i, j0) also forms the history sums of row i for outputs j0, j0 + x_step, ...
+  // below.
   const bool appends_B = !kFoldOnly && w.chunk == 0 && w.head == g * int(p.heads_per_group);
   const bool appends_x = !kFoldOnly;
+  constexpr bool kEarly = !kFoldOnly;
+  constexpr int kStageRounds = kEarly ? 2 : 0, kCRounds = kMaxStateDim / kThreads;
   auto stage_B = [&](int j, const Pack<Act, Ly::kVec> (&b)[Ly::kVecsPerLane]) {
     store_shared_slice<Ly>(B_s + j * N, b, lane, N);
     if (appends_B && j >= c) {
@@ -298,12 +243,53 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
       }
     }
   };
-  if constexpr (kEarly) {
-    if (group < R && token_at(group) < c) stage_B(token_at(group), B_at);
-    if (group < n) stage_B(c + group, B_window);
+  Pack<Act, Ly::kVec> b_early[kEarly ? kStageRounds : 1][Ly::kVecsPerLane];
+#pragma unroll
+  for (int q = 0; q < kStageRounds; ++q) {
+    const int j = group + q * Ly::kRowGroups;
+    if (j < staged) load_slice_packs<Ly>(B_of(j), lane, N, b_early[q]);
   }
-  for (int j = group; j < staged; j += Ly::kRowGroups) {
-    if (early(j, Ly::kRowGroups)) continue;
+  Act C_v[kCRounds][kMaxT];
+  auto load_C = [&](int q) {
+    const int k = int(threadIdx.x) + q * kThreads;
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t)
+      if (k < N && t < n)
+        C_v[q][t] = load_one(token<Act>(p.C, w.row * p.C_stride_batch + g * p.C_stride_group + k, t, p.C_stride_token));
+  };
+  if constexpr (kEarly) {
+#pragma unroll
+    for (int q = 0; q < kCRounds; ++q) load_C(q);
+  }
+  constexpr int kXVec = 16 / int(sizeof(Act));
+  // With x_slices: thread x_i / kXVec of a pass of tokens_per_pass tokens from x_j.
+  auto x_pass = [&](int& x_i, int& x_j, int& tokens_per_pass) {
+    const int vectors = x_slices ? rows_per_cta / kXVec : 1;
+    tokens_per_pass = kThreads / vectors;
+    x_i = threadIdx.x % vectors * kXVec;
+    x_j = threadIdx.x / vectors;
+    return x_slices && x_i < w.rows && int(threadIdx.x) < tokens_per_pass * vectors;
+  };
+  Pack<Act, kXVec> x_early{};
+  if constexpr (kEarly) {
+    int x_i, x_j, tokens_per_pass;
+    if (x_pass(x_i, x_j, tokens_per_pass) && x_j < staged) x_early = load_pack<Act, kXVec>(x_of(x_j) + x_i);
+  }
+  const bool stages_z = !kFoldOnly && p.z && int(threadIdx.x) < w.rows;
+  Act z_v[kMaxT];
+  if (stages_z) {
+    const int64_t z_offset = w.row * p.z_stride_batch + w.head * p.z_stride_head + w.first + threadIdx.x;
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t)
+      if (t < n) z_v[t] = load_one(token<Act>(p.z, z_offset, t, p.z_stride_token));
+  }
+
+#pragma unroll
+  for (int q = 0; q < kStageRounds; ++q) {
+    const int j = group + q * Ly::kRowGroups;
+    if (j < staged) stage_B(j, b_early[q]);
+  }
+  for (int j = group + kStageRounds * Ly::kRowGroups; j < staged; j += Ly::kRowGroups) {
     Pack<Act, Ly::kVec> b[Ly::kVecsPerLane];
     load_slice_packs<Ly>(B_of(j), lane, N, b);
     stage_B(j, b);
@@ -319,18 +305,16 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
   const int x_step = kThreads / rows_per_cta;
   const int x_row = threadIdx.x % rows_per_cta, x_first = threadIdx.x / rows_per_cta;
   const bool stages_x = x_row < w.rows && x_first < x_step;
-  if (x_passes) {
+  int x_i, x_j, tokens_per_pass;
+  if (x_pass(x_i, x_j, tokens_per_pass)) {
     auto stage_x = [&](int j, const Pack<Act, kXVec>& v) {
 #pragma unroll
       for (int e = 0; e < kXVec; ++e) x_s[j * pitch + x_i + e] = to_float(v.v[e]);
       if (appends_x && j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos + x_i, v);
     };
-    if constexpr (kEarly) {
-      if (x_j < R && token_at(x_j) < c) stage_x(token_at(x_j), x_at);
-      if (x_j < n) stage_x(c + x_j, x_window);
-    }
-    for (int j = x_j; j < staged; j += tokens_per_pass)
-      if (!early(j, tokens_per_pass)) stage_x(j, load_pack<Act, kXVec>(x_of(j) + x_i));
+    if (kEarly && x_j < staged) stage_x(x_j, x_early);
+    for (int j = x_j + (kEarly ? tokens_per_pass : 0); j < staged; j += tokens_per_pass)
+      stage_x(j, load_pack<Act, kXVec>(x_of(j) + x_i));
   } else if (!x_slices && stages_x) {
     for (int j0 = x_first; j0 < staged; j0 += kStagedTokens * x_step) {
       Act v[kStagedTokens];
@@ -351,7 +335,8 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
     for (int t = 0; t < kMaxT; ++t)
       if (t < n) z_s[t * rows_per_cta + threadIdx.x] = to_float(z_v[t]);
   }
-  if (!kFoldOnly && w.chunk == 0 && int(threadIdx.x) < n) dt_ring[position(c + threadIdx.x)] = dt_window;
+  if (!kFoldOnly && w.chunk == 0 && int(threadIdx.x) < n)
+    dt_ring[position(c + threadIdx.x)] = raw_dt_of(c + threadIdx.x);
   // Warp u % kWarps: the weights of output u over [first, c + u], and after the outputs, on a
   // flush row, those of the committed inputs [0, c) that the fold adds to the checkpoint.
   float dt[2];
