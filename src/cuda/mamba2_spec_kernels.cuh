@@ -952,6 +952,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   }
 }
 
+// Every kernel holds its per-output sums in registers for kMaxT outputs: windows of up to
+// kShortWindow tokens take the kShortWindow instantiations, longer ones kMaxSpecWindow's.
+constexpr int kShortWindow = 4;
+inline bool short_window(const WindowParams& p) { return p.window <= kShortWindow; }
+
 // (head, chunk) along x, batch rows along y, as in standard decode.
 inline dim3 spec_grid(const WindowParams& p, int rows_per_cta) {
   const int64_t chunks = (p.head_dim + rows_per_cta - 1) / rows_per_cta;
@@ -985,7 +990,8 @@ void launch_spec_verify(const SpecVerifyParams& p, RowLayoutKind layout, int row
                         cudaStream_t stream) {
   spec::with_layout(layout, [&](auto kind) {
     constexpr RowLayoutKind k = decltype(kind)::value;
-    spec::launch(p.window <= 4 ? spec::verify_kernel<S, Act, k, 4> : spec::verify_kernel<S, Act, k, kMaxSpecWindow>,
+    spec::launch(spec::short_window(p) ? spec::verify_kernel<S, Act, k, spec::kShortWindow>
+                                       : spec::verify_kernel<S, Act, k, kMaxSpecWindow>,
                  p, rows_per_cta, spec_verify_smem_bytes(p, layout, rows_per_cta), stream, x_slices);
   });
 }
@@ -999,7 +1005,7 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   after_previous.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.stream = stream;
-  const bool short_window = p.window <= 4;
+  const bool short_window = spec::short_window(p);
 
   // The dot kernel folds the flush rows where their committed inputs (at most L - T tokens) leave
   // room for a part of the tile (spec_dot_flush_part_rows); otherwise the flush kernel takes them.
@@ -1010,7 +1016,7 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   config.dynamicSmemBytes = size_t(spec_dot_smem_bytes(p, dot.heads, dot.rows));
   spec::with_layout(layout, [&](auto kind) {
     if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
-      const auto kernel = short_window ? spec::dot_kernel<S, Act, decltype(kind)::value, 4>
+      const auto kernel = short_window ? spec::dot_kernel<S, Act, decltype(kind)::value, spec::kShortWindow>
                                        : spec::dot_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
       allow_smem(kernel, int64_t(config.dynamicSmemBytes));
       REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, part_rows));
@@ -1031,7 +1037,7 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
     config.dynamicSmemBytes = size_t(spec_verify_smem_bytes(p, layout, flush_rows_per_cta));
     spec::with_layout(layout, [&](auto kind) {
       if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
-        const auto kernel = short_window ? spec::flush_kernel<S, Act, decltype(kind)::value, 4>
+        const auto kernel = short_window ? spec::flush_kernel<S, Act, decltype(kind)::value, spec::kShortWindow>
                                          : spec::flush_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
         allow_smem(kernel, int64_t(config.dynamicSmemBytes), kFlushScanBytes);
         REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, flush_rows_per_cta, x_slices));
@@ -1044,7 +1050,8 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = size_t(spec_window_smem(threads, heads, p.window, p.buffer_len, p.state_dim).bytes);
-  const auto window_kernel = short_window ? spec::window_kernel<Act, 4> : spec::window_kernel<Act, kMaxSpecWindow>;
+  const auto window_kernel =
+      short_window ? spec::window_kernel<Act, spec::kShortWindow> : spec::window_kernel<Act, kMaxSpecWindow>;
   allow_smem(window_kernel, int64_t(config.dynamicSmemBytes), kSpecWindowStaticBytes);
   REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 }
@@ -1054,7 +1061,8 @@ void launch_spec_baseline(const SpecBaselineParams& p, RowLayoutKind layout, int
                           cudaStream_t stream) {
   spec::with_layout(layout, [&](auto kind) {
     constexpr RowLayoutKind k = decltype(kind)::value;
-    spec::launch(p.window <= 4 ? spec::baseline_kernel<S, Act, k, 4> : spec::baseline_kernel<S, Act, k, kMaxSpecWindow>,
+    spec::launch(spec::short_window(p) ? spec::baseline_kernel<S, Act, k, spec::kShortWindow>
+                                       : spec::baseline_kernel<S, Act, k, kMaxSpecWindow>,
                  p, rows_per_cta, spec_baseline_smem_bytes(p, layout, rows_per_cta), stream);
   });
 }
