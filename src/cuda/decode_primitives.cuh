@@ -528,61 +528,17 @@ __device__ __forceinline__ S* chunk_state(const Mamba2Params& p, const CtaWork& 
          w.first * p.state_stride_p;
 }
 
-// The batch row of grid row `order` in a split path's dot kernel, flush rows first. CTAs start in
-// the order of their linear index (blockIdx.x, then y), and a flush row's CTAs fold their window
-// into the checkpoint, living several tile copies: left to the grid's last wave they would run on
-// long after the stream of tiles has ended. So grid row `order` takes the order-th row that
-// flushes (`flushes(slot)`), and after the last of them the other rows (pad rows too), each kind
-// in row order. Every warp classifies the batch, kFlushScanRowsPerLane consecutive rows a lane
-// (slots, then what flushes: two round trips, as a CTA's own slot and cursor); larger batches
-// keep the row order, where a last wave is a small part of the step.
-constexpr int kFlushScanRowsPerLane = 8;
-template <typename Flushes>
-__device__ __forceinline__ int flush_rows_first(const Mamba2Params& p, int order, Flushes flushes) {
-  const int batch = int(p.batch);
-  if (batch > 32 * kFlushScanRowsPerLane) return order;
-  const int lane = int(threadIdx.x) % 32, per_lane = (batch + 31) / 32;
-  const int first = min(lane * per_lane, batch), here = min(per_lane, batch - first);
-  int slot[kFlushScanRowsPerLane];  // slots are int32 (state_batch_indices) or rows
-#pragma unroll
-  for (int q = 0; q < kFlushScanRowsPerLane; ++q) slot[q] = q < here ? int(device_slot(p, first + q)) : -1;
-  unsigned flush = 0;  // bit q: row first + q flushes
-#pragma unroll
-  for (int q = 0; q < kFlushScanRowsPerLane; ++q)
-    if (slot[q] >= 0 && flushes(slot[q])) flush |= 1u << q;
-  // The flush rows of the lanes before this one (a scan), then of the batch.
-  const int mine = __popc(flush);
-  int upto = mine;
-#pragma unroll
-  for (int s = 1; s < 32; s *= 2) {
-    const int v = __shfl_up_sync(~0u, upto, s);
-    if (lane >= s) upto += v;
-  }
-  const int flush_rows = __shfl_sync(~0u, upto, 31), flush_before = upto - mine;
-  // The lane that holds the wanted row among its rows of that kind, and which one it is.
-  const bool want_flush = order < flush_rows;
-  const int rank = want_flush ? order - flush_before : order - flush_rows - (first - flush_before);
-  unsigned kind = want_flush ? flush : ~flush & ((1u << here) - 1);
-  const bool holder = rank >= 0 && rank < __popc(kind);
-  int row = 0;
-  if (holder) {
-    for (int k = 0; k < rank; ++k) kind &= kind - 1;  // drop the lower rows of that kind
-    row = first + __ffs(int(kind)) - 1;
-  }
-  return __shfl_sync(~0u, row, __ffs(int(__ballot_sync(~0u, holder))) - 1);
-}
-
 // The rows a CTA of a split path's dot kernel reads: blockIdx.x = block of heads_per_cta heads of
-// one group * chunks + chunk of `rows` head_dim rows; `row` the batch row (flush_rows_first).
+// one group * chunks + chunk of `rows` head_dim rows, blockIdx.y = batch row.
 struct DotCta {
   int row, first_head;
   int first;  // first head_dim row of the chunk
   int rows;   // head_dim rows in the chunk
 };
-__device__ __forceinline__ DotCta dot_cta(int row, int head_dim, int heads_per_cta, int rows) {
+__device__ __forceinline__ DotCta dot_cta(int head_dim, int heads_per_cta, int rows) {
   const int chunks = (head_dim + rows - 1) / rows;
   DotCta d;
-  d.row = row;
+  d.row = int(blockIdx.y);
   d.first_head = int(blockIdx.x) / chunks * heads_per_cta;
   d.first = int(blockIdx.x) % chunks * rows;
   d.rows = min(rows, head_dim - d.first);

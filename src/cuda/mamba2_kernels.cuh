@@ -208,17 +208,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
   float* scale_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(tile_rows, N, sizeof(S)));
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
-  const int L = int(p.buffer_len);
-  const DotCta d = dot_cta(part_rows > 0 ? flush_rows_first(p, int(blockIdx.y), [&](int64_t slot) {
-    return load_one(p.cursors + slot * p.cursors_stride) == L - 1;
-  }) : int(blockIdx.y), P, heads_per_cta, rows);
+  const DotCta d = dot_cta(P, heads_per_cta, rows);
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
-  if (cursor < 0 || cursor >= L) return;
-  if (cursor == L - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
+  if (cursor < 0 || cursor >= int(p.buffer_len)) return;
+  if (cursor == int(p.buffer_len) - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
     if constexpr (!CheckpointFormat<S>::kScaled)
       if (part_rows > 0) flush_heads<S, Act, kKind>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
     return;

@@ -543,10 +543,7 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   const int capacity = heads_per_cta * rows;  // tile rows (a head's last chunk may have fewer)
   float* C_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(capacity, N, sizeof(S)));  // (T, N)
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
-  const int L = int(p.buffer_len);
-  const DotCta d = dot_cta(part_rows > 0 ? flush_rows_first(p, int(blockIdx.y), [&](int64_t slot) {
-    return spec_flushes(load_one(p.ring + slot * p.ring_stride_slot + p.ring_stride_field), T, L);
-  }) : int(blockIdx.y), P, heads_per_cta, rows);
+  const DotCta d = dot_cta(P, heads_per_cta, rows);
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
   const int tile_rows = heads_per_cta * rows;
