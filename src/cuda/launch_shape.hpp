@@ -82,21 +82,6 @@ inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, c
                 : 0;
 }
 
-// A flush row's CTA of a dot kernel stages its window (window_bytes) beside its tile where the
-// kernel's shared memory can hold both within kDotWholeTileSmemBytes (five CTAs an SM: 228 KiB,
-// 1 KiB reserved a CTA): the tile then lands in one copy (part_rows covers it) instead of part by
-// part, one round trip fewer under the saturated stream for the step's longest CTAs. Otherwise
-// the window takes the end of the tile's bytes and the tile lands part_rows rows at a time.
-constexpr int64_t kDotWholeTileSmemBytes = 44 * 1024;
-struct DotFold {
-  int64_t smem;
-  int part_rows;
-};
-inline DotFold dot_fold(int64_t dot_bytes, int64_t window_bytes, int capacity, int part_rows) {
-  if (part_rows > 0 && dot_bytes + window_bytes <= kDotWholeTileSmemBytes) return {dot_bytes + window_bytes, capacity};
-  return {dot_bytes, part_rows};
-}
-
 // CTAs per (head, chunk) of a split path's flush kernel, each looping over its share of its
 // (head, chunk)'s flush rows: at most `rows` (a bound on the flush rows), and about kFlushWaves
 // waves of ctas_per_sm CTAs an SM over the `chunks` (head, chunk)s: a CTA scans the batch once for

@@ -100,9 +100,8 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 //   S_i = decay S0_i + sum_j weight_j x_j[i] B_j,
 // stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The
 // window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
-// dot_flush_window_bytes: C and B, x and z make L + 1 rows each), or after the kernel's own bytes
-// where the launch gave it room (dot_fold), while the first part_rows tile rows land;
-// fold_staged_tile folds the tile part by part.
+// dot_flush_window_bytes: C and B, x and z make L + 1 rows each) while the first part_rows tile
+// rows land; fold_staged_tile folds the tile part by part.
 template <typename S, typename Act, RowLayoutKind kKind>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
                                             int capacity, int part_rows, unsigned char* smem) {
@@ -111,12 +110,10 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int N = int(p.state_dim), L = int(p.buffer_len), rows = d.rows, tile_rows = heads * rows;
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes, warp = threadIdx.x / 32;
+  const int64_t tile_end = kTileOffset + tile_bytes(capacity, N, sizeof(S));
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);
-  // After the dot kernel's bytes where the whole tile lands at once, else at the tile's end (dot_fold).
-  const int64_t window_at = part_rows >= capacity ? dot_smem_bytes(1, capacity, N, sizeof(S))
-                                                  : kTileOffset + tile_bytes(capacity, N, sizeof(S)) -
-                                                        dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act));
-  float* weights = reinterpret_cast<float*>(smem + window_at);  // (heads, kMaxBufferLen)
+  float* weights = reinterpret_cast<float*>(
+      smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act)));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
   Act* C_s = reinterpret_cast<Act*>(head_s + heads * 4);
   const int n_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));

@@ -88,14 +88,9 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   // flush kernel. Flush rows are few (one in L when rows are desynchronised): the flush grid has up
   // to ceil(batch / L) CTAs per (head, chunk), each looping over its share.
   const DotShape dot = dot_shape(p, sizeof(S), shape);
-  const int capacity = dot.heads * dot.rows;
-  const DotFold fold = dot_fold(dot_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S)),
-                                dot_flush_window_bytes(dot.heads, capacity, p.state_dim, p.buffer_len + 1,
-                                                       dtype_size(p.act_dtype)),
-                                capacity, dot_flush_part_rows_for(p, sizeof(S), dot, shape));
-  const int part_rows = fold.part_rows;
+  const int part_rows = dot_flush_part_rows_for(p, sizeof(S), dot, shape);
   config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
-  config.dynamicSmemBytes = size_t(fold.smem);
+  config.dynamicSmemBytes = size_t(dot_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S)));
   by_layout([&](auto kind) {
     if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)
       REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, checkpoint_dot_kernel<S, Act, decltype(kind)::value>,

@@ -481,15 +481,12 @@ constexpr int kDotMinCtasPerSm = 6;
 template <typename S, typename Act>
 __device__ __forceinline__ StagedFold<Act> stage_committed(const SpecVerifyParams& p, const DotCta& d, int64_t slot,
                                                            const VerifyRow& r, int heads, int capacity,
-                                                           int part_rows, unsigned char* smem) {
+                                                           unsigned char* smem) {
   const int N = int(p.state_dim), T = int(p.window), L = int(p.buffer_len), mask = int(p.ring_len) - 1;
   const int rows = d.rows, c = r.committed, warp = threadIdx.x / 32;
   const int64_t tile_end = kTileOffset + tile_bytes(capacity, N, sizeof(S));
-  // After the dot kernel's bytes (its tile, then the window's C) where the whole tile lands at
-  // once, else at the tile's end (dot_fold).
-  const int64_t window_at = part_rows >= capacity ? tile_end + int64_t(T) * N * 4
-                                                  : tile_end - dot_flush_window_bytes(heads, capacity, N, L - T, sizeof(Act));
-  float* weights = reinterpret_cast<float*>(smem + window_at);  // (heads, kMaxBufferLen)
+  float* weights = reinterpret_cast<float*>(
+      smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L - T, sizeof(Act)));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;                                       // (heads, 4): decay
   const int B_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));
   Act* B_s = reinterpret_cast<Act*>(head_s + heads * 4);  // (L - T, B_pitch)
@@ -560,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0,
                         r.flush ? min(part_rows, tile_rows) : tile_rows, N, barrier, L2Hint::kEvictFirst);
   StagedFold<Act> fold{};
-  if (r.flush) fold = stage_committed<S, Act>(p, d, slot, r, heads_per_cta, capacity, part_rows, smem);
+  if (r.flush) fold = stage_committed<S, Act>(p, d, slot, r, heads_per_cta, capacity, smem);
   const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                  first_head / int(p.heads_per_group) * p.C_stride_group;
   for (int k = threadIdx.x; k < N; k += kThreads) {
@@ -1013,15 +1010,10 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   // The dot kernel folds the flush rows where their committed inputs (at most L - T tokens) leave
   // room for a part of the tile (spec_dot_flush_part_rows); otherwise the flush kernel takes them.
   const DotShape dot = dot_shape(p, sizeof(S), shape);
-  const int capacity = dot.heads * dot.rows;
-  const DotFold fold = dot_fold(spec_dot_smem_bytes(p, dot.heads, dot.rows),
-                                dot_flush_window_bytes(dot.heads, capacity, p.state_dim, p.buffer_len - p.window,
-                                                       dtype_size(p.act_dtype)),
-                                capacity, spec_dot_flush_part_rows(p, dot, shape));
-  const int part_rows = fold.part_rows;
+  const int part_rows = spec_dot_flush_part_rows(p, dot, shape);
   config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = size_t(fold.smem);
+  config.dynamicSmemBytes = size_t(spec_dot_smem_bytes(p, dot.heads, dot.rows));
   spec::with_layout(layout, [&](auto kind) {
     if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
       const auto kernel = short_window ? spec::dot_kernel<S, Act, decltype(kind)::value, spec::kShortWindow>
