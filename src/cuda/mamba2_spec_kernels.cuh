@@ -767,12 +767,16 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     if (lane % (32 / kMaxT) == 0 && t < n) bc[t][j] = sums[0];
   }
   __syncthreads();
-  // The history coefficients weight_{j,t} (B_j . C_t), with D added on each output's own token.
-  for (int e = threadIdx.x; e < pairs * span; e += blockDim.x) {
-    const int q = e / span, j = first + e - q * span;
-    const int kq = q / n, t = q - kq * n;
-    float& a = coef[(kq * T + t) * layout.coef_stride + j];
-    a = a * bc[t][j] + (j == c + t ? D_s[kq] : 0.f);
+  // The history coefficients weight_{j,t} (B_j . C_t), with D added on each output's own token:
+  // kPairThreads threads a (head, output) pair, pairs indexed by kMaxT outputs a head and tokens
+  // strided, so that no index takes an integer division.
+  constexpr int kPairThreads = 4;
+  for (int u = threadIdx.x; u < heads * kMaxT * kPairThreads; u += blockDim.x) {
+    const int kq = u / (kMaxT * kPairThreads), t = u / kPairThreads % kMaxT;
+    if (t >= n) continue;
+    float* a = coef + (kq * T + t) * layout.coef_stride;
+    for (int j = first + u % kPairThreads; j < count; j += kPairThreads)
+      a[j] = a[j] * bc[t][j] + (j == c + t ? D_s[kq] : 0.f);
   }
   __syncthreads();
 
