@@ -348,12 +348,20 @@ template <typename Ly> __device__ __forceinline__ int64_t row_elements(int64_t N
   return Ly::kMasked ? N : int64_t(Ly::kCoverN);
 }
 
+// Thread 0 sets up a tile's barrier (vectorised layouts). Done at kernel entry, before any load is
+// in flight, the set-up's proxy fence does not make the tile's copy wait for this thread's loads.
+template <typename Ly> __device__ __forceinline__ void init_tile_barrier(uint64_t* barrier) {
+  if (!Ly::kMasked && threadIdx.x == 0) barrier_init(barrier);
+}
+
 // Starts loading the chunk's state rows (rows x N, row stride stride_p) into `tile`: the bulk
 // copy engine for the vectorised layouts (wait_tile before use), element by element for the
 // generic one (visible after the next __syncthreads).
+// barrier_ready: init_tile_barrier was called (else thread 0 sets the barrier up here).
 template <typename S, typename Ly>
 __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t stride_p,
-                                                int rows, int64_t N, uint64_t* barrier, L2Hint hint) {
+                                                int rows, int64_t N, uint64_t* barrier, L2Hint hint,
+                                                bool barrier_ready = false) {
   if constexpr (Ly::kMasked) {
     const int count = rows * int(N);
     for (int idx = threadIdx.x; idx < count; idx += kThreads) {
@@ -363,7 +371,7 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
   } else {
     if (threadIdx.x == 0) {
       const unsigned row_bytes = unsigned(Ly::kCoverN * sizeof(S));
-      barrier_init(barrier);
+      if (!barrier_ready) barrier_init(barrier);
       barrier_expect_bytes(barrier, row_bytes * unsigned(rows));
       if (stride_p == Ly::kCoverN) {
         bulk_copy_to_shared(tile, state, row_bytes * unsigned(rows), barrier, hint);
@@ -494,8 +502,31 @@ __device__ __forceinline__ int64_t device_slot(const Mamba2Params& p, int64_t ro
   return slot >= 0 && slot < p.slots ? slot : -1;
 }
 
+// A scalar of dtype float32, float16 or bfloat16 (dt and the per-head parameters) as stored: its
+// load is not waited for until it is widened. (Loaded and widened in one switch on the dtype, a
+// scalar was waited for inside its case, before the next load was issued.)
+struct StoredScalar {
+  uint32_t bits;
+  DType dtype;
+};
+
+__device__ __forceinline__ StoredScalar load_stored(const void* data, DType dtype, int64_t i) {
+  const uint32_t bits = dtype == DType::kFloat32 ? __ldg(static_cast<const unsigned*>(data) + i)
+                                                 : __ldg(static_cast<const unsigned short*>(data) + i);
+  return {bits, dtype};
+}
+
+__device__ __forceinline__ float widen(StoredScalar s) {
+  if (s.dtype == DType::kFloat16) return fp16_to_float(uint16_t(s.bits));
+  return __uint_as_float(s.dtype == DType::kBFloat16 ? s.bits << 16 : s.bits);
+}
+
+__device__ __forceinline__ StoredScalar load_head_scalar(const HeadScalar& s, int64_t h, float absent) {
+  return s.data ? load_stored(s.data, s.dtype, h * s.stride) : StoredScalar{__float_as_uint(absent), DType::kFloat32};
+}
+
 __device__ __forceinline__ float head_value(const HeadScalar& s, int64_t h, float absent) {
-  return s.data ? load_as<float>(s.data, s.dtype, h * s.stride) : absent;
+  return widen(load_head_scalar(s, h, absent));
 }
 
 // The (row, head, chunk) a CTA works on: blockIdx.x = head * chunks + chunk, blockIdx.y = row, so

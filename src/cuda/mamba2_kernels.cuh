@@ -39,13 +39,18 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
                                         tile_bytes(rows_per_cta, row_elements<Ly>(N), sizeof(S)));
   float* z_s = x_s + rows_per_cta;  // (rows)
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
+  init_tile_barrier<Ly>(barrier);
+  // The slot first: the tile's copy waits for it alone, and the CTA's index arithmetic and this
+  // step's inputs are issued while it is in flight.
+  const int64_t slot = device_slot(p, blockIdx.y);
   const CtaWork w = cta_work(p, rows_per_cta);
-  // This step's inputs first, kept as stored until the tile's copy is issued (as the replay's).
+  // This step's inputs, kept as stored until the tile's copy is issued (as the replay's).
   const int64_t g = w.group;
-  const float A = head_value(p.A, w.head, 0.f);
-  const float raw_dt = load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + w.head * p.dt_stride_head);
-  const float bias = head_value(p.dt_bias, w.head, 0.f);
-  const float D = head_value(p.D, w.head, 0.f);
+  const StoredScalar A = load_head_scalar(p.A, w.head, 0.f);
+  const StoredScalar raw_dt =
+      load_stored(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + w.head * p.dt_stride_head);
+  const StoredScalar bias = load_head_scalar(p.dt_bias, w.head, 0.f);
+  const StoredScalar D = load_head_scalar(p.D, w.head, 0.f);
   Pack<Act, Ly::kVec> b_packs[Ly::kVecsPerLane], c_packs[Ly::kVecsPerLane];
   load_slice_packs<Ly>(static_cast<const Act*>(p.B) + w.row * p.B_stride_batch + g * p.B_stride_group, lane, N,
                        b_packs);
@@ -60,12 +65,11 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
   const Act z_mine = gated && has_row ? load_one(static_cast<const Act*>(p.z) + w.row * p.z_stride_batch +
                                                  w.head * p.z_stride_head + i_mine)
                                       : Act{};
-  const int64_t slot = device_slot(p, w.row);
   if (slot < 0) return;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal);
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal, true);
 
-  const float dt = effective_dt(raw_dt, bias, p.dt_softplus);
+  const float dt = effective_dt(widen(raw_dt), widen(bias), p.dt_softplus);
   float b[Ly::kVecsPerLane][Ly::kVec], c[Ly::kVecsPerLane][Ly::kVec];
   widen_slice<Ly>(b_packs, b);
   widen_slice<Ly>(c_packs, c);
@@ -73,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
     x_s[threadIdx.x] = to_float(x_mine);
     if (gated) z_s[threadIdx.x] = to_float(z_mine);
   }
-  const float decay = expf(A * dt);
+  const float decay = expf(widen(A) * dt);
   wait_tile_all<Ly>(barrier);
 
   Act* out = static_cast<Act*>(p.out) + w.row * p.out_stride_batch + w.head * p.out_stride_head +
@@ -91,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
       if (i < w.rows) store_row<S, Ly>(state + i * p.state_stride_p, s, lane, N);
     }
     row_group_sums<Ly::kLanes>(y);
-    store_outputs<Ly>(out, y, batch, group, lane, w.rows, D, x_s, gated ? z_s : nullptr);
+    store_outputs<Ly>(out, y, batch, group, lane, w.rows, widen(D), x_s, gated ? z_s : nullptr);
   }
 }
 
@@ -500,14 +504,15 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   constexpr bool kSpeculative = kEarlyRounds * Ly::kVecsPerLane * sizeof(Pack<Act, Ly::kVec>) <= 32;
   // The rows that may use the early B: output-only ones (B_j . C) and kFlushOnly's (staged B).
   const bool may_use_B = output_only || kFlushOnly;
-  // This step's inputs need neither the slot nor the cursor: asked for first, kept as stored until
-  // the slot is known, so that they do not queue behind the tile's copy (the window's weights and
-  // B_j . C wait for them; notes/cuda.md v21).
-  const float A = head_value(p.A, w.head, 0.f);
-  const float bias = head_value(p.dt_bias, w.head, 0.f);
-  const float D = head_value(p.D, w.head, 0.f);
-  const float raw_dt_now =
-      load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + w.head * p.dt_stride_head);
+  // This step's inputs need neither the slot nor the cursor: asked for while the slot is in flight
+  // (the single kernel asks for it at entry), kept as stored until the tile's copy is issued, so
+  // that they do not queue behind it (the window's weights and B_j . C wait for them; notes/cuda.md
+  // v21, v29).
+  const StoredScalar A_stored = load_head_scalar(p.A, w.head, 0.f);
+  const StoredScalar bias_stored = load_head_scalar(p.dt_bias, w.head, 0.f);
+  const StoredScalar D_stored = load_head_scalar(p.D, w.head, 0.f);
+  const StoredScalar raw_dt_stored =
+      load_stored(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + w.head * p.dt_stride_head);
   const Act* B_now = static_cast<const Act*>(p.B) + w.row * p.B_stride_batch +
                      g * p.B_stride_group;  // (N)
   Pack<Act, Ly::kVec> c_packs[Ly::kVecsPerLane];
@@ -579,7 +584,11 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   if constexpr (kSpeculative)
     load_early(L, L, may_use_B, [&](int j) { return B_hist + j * p.Bc_stride_pos; },
                [&](int j) { return load_one(x_hist + j * p.xc_stride_pos + i_x); });
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst);
+  // The single kernel's barrier was set up at its entry (init_tile_barrier); the flush kernel's,
+  // which takes one row after another, is set up for each.
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst, !kFlushOnly);
+  const float A = widen(A_stored), bias = widen(bias_stored), D = widen(D_stored);
+  const float raw_dt_now = widen(raw_dt_stored);
   float c[Ly::kVecsPerLane][Ly::kVec];
   widen_slice<Ly>(c_packs, c);
   float* scale = CheckpointFormat<S>::kScaled
@@ -774,9 +783,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) replay_decode_kernel(
                                                                  int rows_per_cta,
                                                                  bool output_only) {
   extern __shared__ __align__(128) unsigned char smem[];
+  init_tile_barrier<Layout<S, kKind>>(reinterpret_cast<uint64_t*>(smem));
+  const int64_t slot = device_slot(p, blockIdx.y);  // first: see state_update_kernel
   const CtaWork w = cta_work(p, rows_per_cta);
   replay_rows<S, Act, kKind, kStochastic, false>(
-      p, w, [&] { return device_slot(p, w.row); },
+      p, w, [&] { return slot; },
       [&](int64_t slot) { return load_one(p.cursors + slot * p.cursors_stride); }, rows_per_cta, output_only, smem);
 }
 
