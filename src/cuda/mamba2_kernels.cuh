@@ -156,7 +156,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
     const int head = d.first_head + k;
     const float* dt_hist = p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head;
     // Every value asked for before any is used: one round trip, not one a value.
-    const float raw_dt_now = load_as<float>(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + head * p.dt_stride_head);
+    const float raw_dt_now = widen(load_stored(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + head * p.dt_stride_head));
     const float bias = head_value(p.dt_bias, head, 0.f), A = head_value(p.A, head, 0.f), D = head_value(p.D, head, 0.f);
     float raw_dt[2], dt[2];
 #pragma unroll
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
   const int hq = first_head + int(threadIdx.x);
   float raw_now = 0.f, A = 0.f, bias = 0.f, D = 0.f;
   if (head_thread) {
-    raw_now = load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + hq * p.dt_stride_head);
+    raw_now = widen(load_stored(p.dt, p.dt_dtype, row * p.dt_stride_batch + hq * p.dt_stride_head));
     A = head_value(p.A, hq, 0.f);
     bias = head_value(p.dt_bias, hq, 0.f);
     D = head_value(p.D, hq, 0.f);

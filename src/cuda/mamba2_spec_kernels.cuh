@@ -207,7 +207,7 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
     return j < c ? x_ring + position(j) * p.xc_stride_pos : token<Act>(p.x, x_offset, j - c, p.x_stride_token);
   };
   auto raw_dt_of = [&](int j) {
-    return j < c ? __ldg(dt_ring + position(j)) : load_as<float>(p.dt, p.dt_dtype, dt_offset + (j - c) * p.dt_stride_token);
+    return j < c ? __ldg(dt_ring + position(j)) : widen(load_stored(p.dt, p.dt_dtype, dt_offset + (j - c) * p.dt_stride_token));
   };
 
   // Every warp reads the raw dt of the tokens (two a lane); B, C, x and z are staged (widened),
@@ -678,8 +678,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
       if (e < dt_items) {
         const int kq = e / span, j = first + e - kq * span;
         raw[u] = j < c ? __ldg(p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j))
-                       : load_as<float>(p.dt, p.dt_dtype, row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
-                                                              (first_head + kq) * p.dt_stride_head);
+                       : widen(load_stored(p.dt, p.dt_dtype, row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
+                                                                 (first_head + kq) * p.dt_stride_head));
         bias[u] = head_value(p.dt_bias, first_head + kq, 0.f);
       }
       if (e < cb_items) {
@@ -876,7 +876,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   for (int t = 0; t < kMaxT; ++t) {
     if (!has_row || t >= T) continue;
     const int64_t i = w.first + threadIdx.x;
-    raw_dt[t] = load_as<float>(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + t * p.dt_stride_token + w.head * p.dt_stride_head);
+    raw_dt[t] = widen(load_stored(p.dt, p.dt_dtype, w.row * p.dt_stride_batch + t * p.dt_stride_token + w.head * p.dt_stride_head));
     x[t] = load_one(token<Act>(p.x, w.row * p.x_stride_batch + w.head * p.x_stride_head + i, t, p.x_stride_token));
     if (p.z) z[t] = load_one(token<Act>(p.z, w.row * p.z_stride_batch + w.head * p.z_stride_head + i, t, p.z_stride_token));
   }
