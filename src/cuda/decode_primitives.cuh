@@ -715,9 +715,10 @@ __device__ __forceinline__ void stored_slice(const Act* row, int lane, float (&o
 // rows: `rows` of each of consecutive heads, from `state` on),
 //   S_i = decay S0_i + sum_{j < tokens} weight_j x_j[i] B_j,
 // and stores them rounded to nearest. The caller asked for the first part_rows tile rows
-// (start_heads_tile_load from row 0) and waited for them; each later part lands where the one
-// before was, while that one's last batch of rows folds from registers. The products
-// weight_j x_j[i] of a part's rows are formed once, after its rows in the tile's bytes
+// (start_heads_tile_load from row 0) and staged the window (visible to every thread: after the
+// asynchronous copies and a CTA barrier); each later part lands where the one before was, while
+// that one's last batch of rows folds from registers. The products weight_j x_j[i] of a part's
+// rows are formed once while the part lands, after its rows in the tile's bytes
 // (fold_products_pitch), and read four tokens at a time by every lane of a row group. Then, per
 // batch of folded rows, finished(s, first, next, batch): the part is the tile rows [first, next),
 // and s[k] is its row chunk_row(batch, k, group) (none past next).
@@ -735,7 +736,7 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
   for (int first = 0, part = 0; first < tile_rows; first += part_rows, ++part) {
     const int count = min(part_rows, tile_rows - first), next = first + count;
     const int batches = (count + Ly::kBatchRows - 1) / Ly::kBatchRows;
-    if (part > 0) wait_tile_all<Ly>(barrier, part);  // and every thread is done with the part before's products
+    if (part > 0) __syncthreads();  // every thread is done with the part before's products
     for (int u = threadIdx.x; u < part_rows * pieces; u += kThreads) {
       const int i = u / pieces, j0 = (u - i * pieces) * kPiece, k = min(first + i, tile_rows - 1) / rows;
       float v[kPiece];
@@ -747,7 +748,7 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
       }
       *reinterpret_cast<float4*>(products + i * pitch + j0) = make_float4(v[0], v[1], v[2], v[3]);
     }
-    __syncthreads();
+    wait_tile_all<Ly>(barrier, part);
     for (int batch = 0; batch < batches; ++batch) {
       float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
       int t[Ly::kRows], k[Ly::kRows];  // tile row, head
