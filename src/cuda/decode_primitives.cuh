@@ -715,50 +715,28 @@ __device__ __forceinline__ void stored_slice(const Act* row, int lane, float (&o
 // rows: `rows` of each of consecutive heads, from `state` on),
 //   S_i = decay S0_i + sum_{j < tokens} weight_j x_j[i] B_j,
 // and stores them rounded to nearest. The caller asked for the first part_rows tile rows
-// (start_heads_tile_load from row 0) and staged the window (visible to every thread: after the
-// asynchronous copies and a CTA barrier); each later part lands where the one before was, while
-// that one's last batch of rows folds from registers. The products weight_j x_j[i] of a part's
-// rows are formed once while the part lands, after its rows in the tile's bytes
-// (fold_products_pitch), and read four tokens at a time by every lane of a row group. Then, per
-// batch of folded rows, finished(s, first, next, batch): the part is the tile rows [first, next),
-// and s[k] is its row chunk_row(batch, k, group) (none past next).
+// (start_heads_tile_load from row 0) and waited for them; each later part lands where the one
+// before was, while that one's last batch of rows folds from registers. Then, per batch of
+// folded rows, finished(s, first, next, batch): the part is the tile rows [first, next), and s[k]
+// is its row chunk_row(batch, k, group) (none past next).
 template <typename S, typename Ly, typename Act, typename Finished>
 __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stride_head, int64_t stride_p, int rows,
                                                  int tile_rows, int part_rows, int N, uint64_t* barrier,
                                                  const StagedFold<Act>& f, const Finished& finished) {
-  constexpr int kPiece = 4;  // tokens a piece of products
-  // Four tokens' B slices in flight take too many registers past 64 bytes of B a lane (spills).
-  constexpr int kTokensALoad = Ly::kVecsPerLane * Ly::kVec * sizeof(Act) > 64 ? 1 : kPiece;
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   FlushRandomBits nearest(0, 0, 0, 0);  // unused: the split paths round to nearest
-  float* products = reinterpret_cast<float*>(tile + part_rows * N);  // (part_rows, pitch)
-  const int pitch = int(fold_products_pitch(f.tokens)), pieces = (f.tokens + kPiece - 1) / kPiece;
   for (int first = 0, part = 0; first < tile_rows; first += part_rows, ++part) {
     const int count = min(part_rows, tile_rows - first), next = first + count;
     const int batches = (count + Ly::kBatchRows - 1) / Ly::kBatchRows;
-    if (part > 0) __syncthreads();  // every thread is done with the part before's products
-    for (int u = threadIdx.x; u < part_rows * pieces; u += kThreads) {
-      const int i = u / pieces, j0 = (u - i * pieces) * kPiece, k = min(first + i, tile_rows - 1) / rows;
-      float v[kPiece];
-#pragma unroll
-      for (int e = 0; e < kPiece; ++e) {
-        const int j = j0 + e;
-        v[e] = i < count && j < f.tokens ? f.weights[k * kMaxBufferLen + j] * to_float(f.x[j * f.x_pitch + first + i])
-                                         : 0.f;
-      }
-      *reinterpret_cast<float4*>(products + i * pitch + j0) = make_float4(v[0], v[1], v[2], v[3]);
-    }
-    wait_tile_all<Ly>(barrier, part);
+    if (part > 0) wait_tile_all<Ly>(barrier, part);
     for (int batch = 0; batch < batches; ++batch) {
       float s[Ly::kRows][Ly::kVecsPerLane][Ly::kVec];
       int t[Ly::kRows], k[Ly::kRows];  // tile row, head
-      const float* row_products[Ly::kRows];
 #pragma unroll
       for (int q = 0; q < Ly::kRows; ++q) {
         const int i = chunk_row<Ly>(batch, q, group);
         t[q] = first + i;
         k[q] = min(t[q], tile_rows - 1) / rows;
-        row_products[q] = products + i * pitch;
         tile_row<S, Ly>(tile, i, count, lane, N, s[q]);
         const float decay = f.head_s[4 * k[q]];
 #pragma unroll
@@ -772,34 +750,14 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
         start_heads_tile_load(tile, state, stride_head, stride_p, rows, next, min(part_rows, tile_rows - next), N,
                               barrier, L2Hint::kEvictFirst);
       }
-      auto add_token = [&](int j, const float (&xdt)[Ly::kRows]) {
+      for (int j = 0; j < f.tokens; ++j) {
         float b[Ly::kVecsPerLane][Ly::kVec];
         stored_slice<Ly>(f.B + j * f.B_pitch, lane, b);
 #pragma unroll
-        for (int q = 0; q < Ly::kRows; ++q) state_step<Ly>(s[q], 1.f, xdt[q], b);
-      };
-      int j0 = 0;
-      for (; j0 + kTokensALoad <= f.tokens; j0 += kTokensALoad) {
-        float xdt[kTokensALoad][Ly::kRows];
-#pragma unroll
         for (int q = 0; q < Ly::kRows; ++q) {
-          if constexpr (kTokensALoad == kPiece) {
-            float piece[kPiece];
-            load_piece(row_products[q] + j0, piece);
-#pragma unroll
-            for (int e = 0; e < kPiece; ++e) xdt[e][q] = piece[e];
-          } else {
-            xdt[0][q] = row_products[q][j0];
-          }
+          const float xdt = t[q] < next ? f.weights[k[q] * kMaxBufferLen + j] * to_float(f.x[j * f.x_pitch + t[q]]) : 0.f;
+          state_step<Ly>(s[q], 1.f, xdt, b);
         }
-#pragma unroll
-        for (int e = 0; e < kTokensALoad; ++e) add_token(j0 + e, xdt[e]);
-      }
-      for (int j = j0; j < f.tokens; ++j) {
-        float xdt[Ly::kRows];
-#pragma unroll
-        for (int q = 0; q < Ly::kRows; ++q) xdt[q] = row_products[q][j];
-        add_token(j, xdt);
       }
 #pragma unroll
       for (int q = 0; q < Ly::kRows; ++q) {

@@ -78,7 +78,7 @@ inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, c
   const int64_t ctas = dot_ctas_per_row(p, dot) * p.batch;
   const bool in_dot = state_bytes == 4 || (state_bytes == 2 && ctas >= kDotFlushMinCtasPerSm * sm_count());
   return in_dot ? int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, state_bytes, p.buffer_len + 1,
-                                          p.buffer_len, dtype_size(p.act_dtype), layout.batch_rows))
+                                          dtype_size(p.act_dtype), layout.batch_rows))
                 : 0;
 }
 

@@ -169,7 +169,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
     if (threadIdx.x % 32 == 0) head_s[4 * k + 1] = D;
   }
   wait_async_copies();
-  __syncthreads();  // the window staged; fold_staged_tile waits for the tile
+  wait_tile_all<Ly>(barrier);
 
   const StagedFold<Act> fold{weights, head_s, B_s, x_s, n_pitch, x_pitch, L};
   fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier,

@@ -569,12 +569,8 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
     for (int t = 0; t < kMaxT; ++t)
       if (t < n) C_s[t * N + shared_position<Ly>(k)] = to_float(v[t]);
   }
-  if (r.flush) {  // fold_staged_tile waits for the tile
-    wait_async_copies();
-    __syncthreads();
-  } else {
-    wait_tile_all<Ly>(barrier);
-  }
+  if (r.flush) wait_async_copies();
+  wait_tile_all<Ly>(barrier);
 
   // Tile row u of the CTA is row first + u % rows of head first_head + u / rows: the heads are
   // whole when there are several, so its dots sit at u from the first's.

@@ -86,8 +86,7 @@ inline int64_t spec_dot_smem_bytes(const SpecVerifyParams& p, int heads, int row
 // the flush kernel then takes the flush rows.
 inline int spec_dot_flush_part_rows(const SpecVerifyParams& p, const DotShape& dot, const RowLayout& layout) {
   return int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, dtype_size(p.state_dtype),
-                                 p.buffer_len - p.window, p.buffer_len - p.window, dtype_size(p.act_dtype),
-                                 layout.batch_rows));
+                                 p.buffer_len - p.window, dtype_size(p.act_dtype), layout.batch_rows));
 }
 
 // The split path's window kernel: each thread takes kSpecWindowRows head_dim rows of one head;

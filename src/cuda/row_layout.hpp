@@ -62,19 +62,13 @@ constexpr int64_t dot_flush_window_bytes(int64_t heads, int64_t tile_rows, int64
   return heads * (kMaxBufferLen + 4) * 4 + staged_rows * round16(state_dim * act_bytes) +
          staged_rows * round16(tile_rows * act_bytes);
 }
-// Such a CTA's fold reads weight_j x_j[i] of the rows it folds from floats formed once for all lanes
-// of a row group, four tokens a load: per row the fold's tokens rounded up to an odd number of
-// 16-byte pieces, so that the four rows a warp reads at once sit in distinct banks.
-constexpr int64_t fold_products_pitch(int64_t fold_tokens) { return ((fold_tokens + 3) / 4 | 1) * 4; }
-// The tile rows such a CTA folds at a time, each with its products after the part's rows (the
-// window takes the rest of the tile's bytes): whole batches of rows, 0 when not even one fits.
+// The tile rows such a CTA folds at a time (the window takes the rest of the tile's bytes): whole
+// batches of rows, 0 when not even one fits.
 constexpr int64_t dot_flush_part_rows(int64_t heads, int64_t rows, int64_t state_dim, int64_t state_bytes,
-                                      int64_t staged_rows, int64_t fold_tokens, int64_t act_bytes,
-                                      int64_t batch_rows) {
+                                      int64_t staged_rows, int64_t act_bytes, int64_t batch_rows) {
   const int64_t room = tile_bytes(heads * rows, state_dim, state_bytes) -
                        dot_flush_window_bytes(heads, heads * rows, state_dim, staged_rows, act_bytes);
-  const int64_t row_bytes = state_dim * state_bytes + fold_products_pitch(fold_tokens) * 4;
-  return room > 0 ? room / row_bytes / batch_rows * batch_rows : 0;
+  return room > 0 ? room / (state_dim * state_bytes) / batch_rows * batch_rows : 0;
 }
 
 // The split path's flush kernel: the replay's, then the window's B widened (L x N floats, 16-byte
