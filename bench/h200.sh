@@ -16,16 +16,27 @@ for stage in "$@"; do
       ./build-h200/tests/replayssm_cuda_tests 2>&1 | tail -30 | log tests.log
       ./build-h200/tests/replayssm_tests --gtest_filter='*cuda*' --gtest_brief=1 2>&1 | tail -40 | log tests.log ;;
     sanitize)
-      # memcheck on every CUDA test; racecheck (slower) on the graph and padded tests and the
-      # small rollout shapes.
-      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 ./build-h200/tests/replayssm_cuda_tests \
-        --gtest_brief=1 2>&1 | tail -4 | log sanitize.log
-      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 ./build-h200/tests/replayssm_tests \
-        --gtest_filter='*cuda*' --gtest_brief=1 2>&1 | tail -4 | log sanitize.log
-      timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-h200/tests/replayssm_cuda_tests \
-        --gtest_brief=1 2>&1 | tail -4 | log sanitize.log
-      timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-h200/tests/replayssm_tests \
-        --gtest_filter='*Matrix*small*cuda*:*Matrix*odd*L16*cuda*' --gtest_brief=1 2>&1 | tail -4 | log sanitize.log ;;
+      # memcheck and racecheck on every CUDA test. A sanitizer runs a rollout tens of times slower
+      # (racecheck: minutes for one Nemotron-H rollout), so the rollouts of replayssm_tests go in
+      # gtest shards run side by side (MEMCHECK_SHARDS, default 4; RACECHECK_SHARDS, default 10),
+      # each stopped after LIMIT seconds (default 400); each log ends with its tool's summary.
+      mkdir -p "$OUT/sanitize"
+      for tool in memcheck racecheck; do
+        shards_var=${tool^^}_SHARDS
+        shards=${!shards_var:-$([[ $tool == memcheck ]] && echo 4 || echo 10)}
+        timeout "${LIMIT:-400}" compute-sanitizer --tool $tool --error-exitcode 3 \
+          ./build-h200/tests/replayssm_cuda_tests > "$OUT/sanitize/$tool-cuda_tests.log" 2>&1 &
+        for ((k = 0; k < shards; ++k)); do
+          GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k timeout "${LIMIT:-400}" \
+            compute-sanitizer --tool $tool --error-exitcode 3 ./build-h200/tests/replayssm_tests \
+            --gtest_filter="${FILTER:-*cuda*}" > "$OUT/sanitize/$tool-tests-$k.log" 2>&1 &
+        done
+      done
+      wait
+      for f in "$OUT"/sanitize/*.log; do
+        echo "$(basename "$f"): $(grep -cE '^\[       OK \]' "$f") passed, $(grep -cE '^\[  FAILED  \]' "$f") failed," \
+          "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1)$(grep -q 'tests ran' "$f" || echo ' (stopped by LIMIT)')"
+      done | log sanitize.log ;;
     spec)
       # Speculative decoding: the oracle check, then the sweep of the speculative bar (T = 4, all
       # drafts accepted, is the Nemotron-H target; T = 2 and 8 and a random acceptance for context).

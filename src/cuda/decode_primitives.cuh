@@ -87,10 +87,16 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
   return unsigned(__cvta_generic_to_shared(p));
 }
 
+// Orders this CTA's shared-memory accesses before it (a barrier's set-up, a tile's reads a CTA
+// barrier ago) ahead of the copy engine's next accesses.
+__device__ __forceinline__ void fence_for_copy_engine() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // One arrival (the issuing thread's) plus the bytes of the copies completes the barrier's phase 0.
 __device__ __forceinline__ void barrier_init(uint64_t* barrier) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)) : "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the init, seen by the copy engine
+  fence_for_copy_engine();
 }
 
 __device__ __forceinline__ void barrier_expect_bytes(uint64_t* barrier, unsigned bytes) {
@@ -139,11 +145,6 @@ __device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity)
         : "r"(shared_address(barrier)), "r"(parity), "n"(kSuspendHintNs)
         : "memory");
   } while (!done);
-}
-
-// Ends the barrier's life, so that its word can be initialised again (for the next tile).
-__device__ __forceinline__ void barrier_inval(uint64_t* barrier) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(shared_address(barrier)) : "memory");
 }
 
 // ---- Asynchronous copies (sm_80): global -> shared, holding no registers; each thread waits
@@ -354,14 +355,22 @@ template <typename Ly> __device__ __forceinline__ void init_tile_barrier(uint64_
   if (!Ly::kMasked && threadIdx.x == 0) barrier_init(barrier);
 }
 
+// How a tile's copy finds its barrier (vectorised layouts):
+// - kSetUp: thread 0 sets it up with the copy (phase 0);
+// - kReady: init_tile_barrier set it up at kernel entry (phase 0);
+// - kNextPhase: set up at kernel entry for a CTA that loads one tile after another into the same
+//   shared memory, each waited for and read a CTA barrier before the next copy: the copy completes
+//   the barrier's next phase. (Invalidated and set up again between tiles, the barrier no longer
+//   orders the tiles' copies for racecheck: write-after-write hazards; notes/cuda.md v17.)
+enum class TileBarrier { kSetUp, kReady, kNextPhase };
+
 // Starts loading the chunk's state rows (rows x N, row stride stride_p) into `tile`: the bulk
-// copy engine for the vectorised layouts (wait_tile before use), element by element for the
-// generic one (visible after the next __syncthreads).
-// barrier_ready: init_tile_barrier was called (else thread 0 sets the barrier up here).
+// copy engine for the vectorised layouts (wait_tile before use, with the phase the copy
+// completes), element by element for the generic one (visible after the next __syncthreads).
 template <typename S, typename Ly>
 __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t stride_p,
                                                 int rows, int64_t N, uint64_t* barrier, L2Hint hint,
-                                                bool barrier_ready = false) {
+                                                TileBarrier how) {
   if constexpr (Ly::kMasked) {
     const int count = rows * int(N);
     for (int idx = threadIdx.x; idx < count; idx += kThreads) {
@@ -371,7 +380,8 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
   } else {
     if (threadIdx.x == 0) {
       const unsigned row_bytes = unsigned(Ly::kCoverN * sizeof(S));
-      if (!barrier_ready) barrier_init(barrier);
+      if (how == TileBarrier::kSetUp) barrier_init(barrier);
+      if (how == TileBarrier::kNextPhase) fence_for_copy_engine();  // after the tile before's reads
       barrier_expect_bytes(barrier, row_bytes * unsigned(rows));
       if (stride_p == Ly::kCoverN) {
         bulk_copy_to_shared(tile, state, row_bytes * unsigned(rows), barrier, hint);
@@ -397,7 +407,7 @@ __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, i
   if (first == 0)
     barrier_init(barrier);
   else  // the reads of the part before (a CTA barrier ago), ordered before the copy engine's writes
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    fence_for_copy_engine();
   barrier_expect_bytes(barrier, row_bytes * unsigned(count));
   for (int k = first / rows; k * rows < first + count; ++k) {
     const int begin = max(first, k * rows), end = min(first + count, (k + 1) * rows);

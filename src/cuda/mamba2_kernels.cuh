@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
                                       : Act{};
   if (slot < 0) return;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal, true);
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal, TileBarrier::kReady);
 
   const float dt = effective_dt(widen(raw_dt), widen(bias), p.dt_softplus);
   float b[Ly::kVecsPerLane][Ly::kVec], c[Ly::kVecsPerLane][Ly::kVec];
@@ -476,12 +476,13 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
 // (first head of the group) and the raw dt at position `cursor`. kStochastic (the call's
 // stochastic_rounding) is a separate instantiation: the Philox rounds, compiled into the flush
 // rows, cost registers that make the row loop spill under the register cap. kFlushOnly: the split
-// path's flush kernel (flush rows only, B staged in shared memory).
+// path's flush kernel (flush rows only, B staged in shared memory). tile_phase: of the CTA's tile
+// barrier, the phase this row's tile completes (the flush kernel's CTAs take one row after another).
 template <typename S, typename Act, RowLayoutKind kKind, bool kStochastic, bool kFlushOnly,
           typename SlotOf, typename CursorOf>
 __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork& w, const SlotOf& slot_of,
                                             const CursorOf& cursor_of, int rows_per_cta,
-                                            bool output_only, unsigned char* smem) {
+                                            bool output_only, unsigned char* smem, unsigned tile_phase = 0) {
   using Ly = Layout<S, kKind>;
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int64_t N = p.state_dim;
@@ -584,9 +585,10 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
   if constexpr (kSpeculative)
     load_early(L, L, may_use_B, [&](int j) { return B_hist + j * p.Bc_stride_pos; },
                [&](int j) { return load_one(x_hist + j * p.xc_stride_pos + i_x); });
-  // The single kernel's barrier was set up at its entry (init_tile_barrier); the flush kernel's,
-  // which takes one row after another, is set up for each.
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst, !kFlushOnly);
+  // Both kernels set their barrier up at entry (init_tile_barrier); the flush kernel's rows
+  // complete its successive phases.
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst,
+                         kFlushOnly ? TileBarrier::kNextPhase : TileBarrier::kReady);
   const float A = widen(A_stored), bias = widen(bias_stored), D = widen(D_stored);
   const float raw_dt_now = widen(raw_dt_stored);
   float c[Ly::kVecsPerLane][Ly::kVec];
@@ -596,8 +598,8 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
                      : nullptr;  // (rows)
   const float scale_mine =  // the row scale of chunk row threadIdx.x
       CheckpointFormat<S>::kScaled && int(threadIdx.x) < w.rows ? scale[threadIdx.x] : 1.f;
-  if (cursor < 0 || cursor >= L) {  // a corrupt cursor: skip the row, touch nothing
-    wait_tile<Ly>(barrier);         // (after the copy into this CTA's shared memory has landed)
+  if (cursor < 0 || cursor >= L) {      // a corrupt cursor: skip the row, touch nothing
+    wait_tile<Ly>(barrier, tile_phase);  // (after the copy into this CTA's shared memory has landed)
     return;
   }
 
@@ -700,7 +702,7 @@ __device__ __forceinline__ void replay_rows(const ReplayParams& p, const CtaWork
       if (n < N) B_hist[cursor * p.Bc_stride_pos + n] = B_mine[h];
     }
   }
-  wait_tile_all<Ly>(barrier);
+  wait_tile_all<Ly>(barrier, tile_phase);
 
   const float decay = window[kDecayOffset];
   // Output-only: the history coefficient weight_j (B_j . C) of each token, in place of B_j . C.
@@ -807,16 +809,17 @@ __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) replay_flush_ker
                                                                      int rows_per_cta,
                                                                      bool output_only) {
   extern __shared__ __align__(128) unsigned char smem[];
+  init_tile_barrier<Layout<S, kKind>>(reinterpret_cast<uint64_t*>(smem));
   const auto flush_slot = [&](int row) -> int64_t {
     const int64_t slot = device_slot(p, row);
     return slot >= 0 && load_one(p.cursors + slot * p.cursors_stride) == p.buffer_len - 1 ? slot : -1;
   };
+  unsigned tiles = 0;  // loaded by this CTA
   for_each_selected_row(int(p.batch), flush_slot, [&](int row, int64_t slot) {
     replay_rows<S, Act, kKind, false, true>(
         p, cta_work(p, rows_per_cta, row), [&] { return slot; }, [&](int64_t) { return int(p.buffer_len) - 1; },
-        rows_per_cta, output_only, smem);
-    __syncthreads();  // every thread is done with the tile: the barrier can be set up again
-    if (threadIdx.x == 0) barrier_inval(reinterpret_cast<uint64_t*>(smem));
+        rows_per_cta, output_only, smem, tiles++);
+    __syncthreads();  // every thread is done with the tile before the next one's copy
   });
   wait_for_prior_kernel();
 }

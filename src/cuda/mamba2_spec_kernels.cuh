@@ -154,10 +154,12 @@ __device__ __forceinline__ VerifyRow verify_row(const SpecVerifyParams& p, int r
 // the row loop then only forms the dot products S C_t (and, on a flush row, the folded state).
 // kFoldOnly (the split path's flush kernel, flush rows only): only the fold and the dots S C_t of
 // the folded state, into the workspace; the window kernel forms the outputs and appends the
-// window to the ring. kMaxT: T rounded up to 4 or 8 (the sums held in registers).
+// window to the ring. kMaxT: T rounded up to 4 or 8 (the sums held in registers). tile_phase
+// (kFoldOnly): of the flush kernel CTA's tile barrier, the phase this row's tile completes.
 template <typename S, typename Act, RowLayoutKind kKind, bool kFoldOnly, int kMaxT>
 __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const CtaWork& w, int64_t slot,
-                                            int rows_per_cta, bool x_slices, unsigned char* smem) {
+                                            int rows_per_cta, bool x_slices, unsigned char* smem,
+                                            unsigned tile_phase = 0) {
   using Ly = Layout<S, kKind>;
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int64_t N = p.state_dim;
@@ -177,14 +179,15 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const int warp = threadIdx.x / 32;
   S* state = chunk_state<S>(p, w, slot);  // (rows, N)
-  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst);
+  start_tile_load<S, Ly>(tile, state, p.state_stride_p, w.rows, N, barrier, L2Hint::kEvictFirst,
+                         kFoldOnly ? TileBarrier::kNextPhase : TileBarrier::kSetUp);
 
   const VerifyRow r = verify_row(p, w.row, slot);
   const int origin = r.origin, c = r.committed, n = r.tokens;
   const float A = head_value(p.A, w.head, 0.f), bias = head_value(p.dt_bias, w.head, 0.f);
   const float D = head_value(p.D, w.head, 0.f);
-  if (!r.valid) {            // corrupt: touch nothing
-    wait_tile<Ly>(barrier);  // (after the copy into this CTA's shared memory has landed)
+  if (!r.valid) {                        // corrupt: touch nothing
+    wait_tile<Ly>(barrier, tile_phase);  // (after the copy into this CTA's shared memory has landed)
     return;
   }
   const bool flush = r.flush;
@@ -380,7 +383,7 @@ __device__ __forceinline__ void verify_rows(const SpecVerifyParams& p, const Cta
       hist[t * rows_per_cta + x_row] = sum;
     }
   }
-  wait_tile_all<Ly>(barrier);
+  wait_tile_all<Ly>(barrier, tile_phase);
 
   const float fold_decay = decay[kMaxSpecWindow];
   const int batches = (w.rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
@@ -458,14 +461,16 @@ __global__ void __launch_bounds__(kThreads, kFlushMinCtasPerSm) flush_kernel(con
                                                                            bool x_slices) {
   extern __shared__ __align__(128) unsigned char smem[];
   allow_dependent_launch();  // the window kernel may start its window work now
+  init_tile_barrier<Layout<S, kKind>>(reinterpret_cast<uint64_t*>(smem));
   const auto flush_slot = [&](int row) -> int64_t {
     const int64_t slot = device_slot(p, row);
     return slot >= 0 && verify_row(p, row, slot).flush ? slot : -1;
   };
+  unsigned tiles = 0;  // loaded by this CTA
   for_each_selected_row(int(p.batch), flush_slot, [&](int row, int64_t slot) {
-    verify_rows<S, Act, kKind, true, kMaxT>(p, cta_work(p, rows_per_cta, row), slot, rows_per_cta, x_slices, smem);
-    __syncthreads();  // every thread is done with the tile: the barrier can be set up again
-    if (threadIdx.x == 0) barrier_inval(reinterpret_cast<uint64_t*>(smem));
+    verify_rows<S, Act, kKind, true, kMaxT>(p, cta_work(p, rows_per_cta, row), slot, rows_per_cta, x_slices, smem,
+                                            tiles++);
+    __syncthreads();  // every thread is done with the tile before the next one's copy
   });
   wait_for_prior_kernel();
 }
@@ -889,7 +894,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<S>) baseline_kernel(co
   if (!valid_slot(source)) return;
   const int64_t head_offset = w.head * p.state_stride_head + w.first * p.state_stride_p;
   start_tile_load<S, Ly>(tile, static_cast<const S*>(p.state) + source * p.state_stride_slot + head_offset,
-                         p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal);
+                         p.state_stride_p, w.rows, N, barrier, L2Hint::kNormal, TileBarrier::kSetUp);
   S* states[kMaxT];  // the chunk's rows in each position's slot
   bool slots_valid = true;
 #pragma unroll
