@@ -19,15 +19,15 @@ for stage in "$@"; do
       # memcheck and racecheck on every CUDA test. A sanitizer runs a rollout tens of times slower
       # (racecheck: minutes for one Nemotron-H rollout), so the rollouts of replayssm_tests go in
       # gtest shards run side by side (MEMCHECK_SHARDS, default 4; RACECHECK_SHARDS, default 10),
-      # each stopped after LIMIT seconds (default 400); each log ends with its tool's summary.
+      # each stopped after LIMIT seconds (default 540); each log ends with its tool's summary.
       mkdir -p "$OUT/sanitize"
       for tool in memcheck racecheck; do
         shards_var=${tool^^}_SHARDS
         shards=${!shards_var:-$([[ $tool == memcheck ]] && echo 4 || echo 10)}
-        timeout "${LIMIT:-400}" compute-sanitizer --tool $tool --error-exitcode 3 \
+        timeout "${LIMIT:-540}" compute-sanitizer --tool $tool --error-exitcode 3 \
           ./build-h200/tests/replayssm_cuda_tests > "$OUT/sanitize/$tool-cuda_tests.log" 2>&1 &
         for ((k = 0; k < shards; ++k)); do
-          GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k timeout "${LIMIT:-400}" \
+          GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k timeout "${LIMIT:-540}" \
             compute-sanitizer --tool $tool --error-exitcode 3 ./build-h200/tests/replayssm_tests \
             --gtest_filter="${FILTER:-*cuda*}" > "$OUT/sanitize/$tool-tests-$k.log" 2>&1 &
         done
@@ -35,7 +35,7 @@ for stage in "$@"; do
       wait
       for f in "$OUT"/sanitize/*.log; do
         echo "$(basename "$f"): $(grep -cE '^\[       OK \]' "$f") passed, $(grep -cE '^\[  FAILED  \]' "$f") failed," \
-          "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1)$(grep -q 'tests ran' "$f" || echo ' (stopped by LIMIT)')"
+          "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1)$(grep -qE 'tests? from .* ran\.' "$f" || echo ' (stopped by LIMIT)')"
       done | log sanitize.log ;;
     spec)
       # Speculative decoding: the oracle check, then the sweep of the speculative bar (T = 4, all
