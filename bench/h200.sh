@@ -19,15 +19,17 @@ for stage in "$@"; do
       # memcheck and racecheck on every CUDA test. A sanitizer runs a rollout tens of times slower
       # (racecheck: minutes for one Nemotron-H rollout), so the rollouts of replayssm_tests go in
       # gtest shards run side by side (MEMCHECK_SHARDS, default 4; RACECHECK_SHARDS, default 10),
-      # each stopped after LIMIT seconds (default 540); each log ends with its tool's summary.
+      # each stopped after LIMIT seconds (default 450: with the build, one device call); each log
+      # ends with its tool's summary. A shard the limit stops is named in sanitize.log: run the
+      # tests it did not finish on their own (--gtest_filter).
       mkdir -p "$OUT/sanitize"
       for tool in memcheck racecheck; do
         shards_var=${tool^^}_SHARDS
         shards=${!shards_var:-$([[ $tool == memcheck ]] && echo 4 || echo 10)}
-        timeout "${LIMIT:-540}" compute-sanitizer --tool $tool --error-exitcode 3 \
+        timeout "${LIMIT:-450}" compute-sanitizer --tool $tool --error-exitcode 3 \
           ./build-h200/tests/replayssm_cuda_tests > "$OUT/sanitize/$tool-cuda_tests.log" 2>&1 &
         for ((k = 0; k < shards; ++k)); do
-          GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k timeout "${LIMIT:-540}" \
+          GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k timeout "${LIMIT:-450}" \
             compute-sanitizer --tool $tool --error-exitcode 3 ./build-h200/tests/replayssm_tests \
             --gtest_filter="${FILTER:-*cuda*}" > "$OUT/sanitize/$tool-tests-$k.log" 2>&1 &
         done
