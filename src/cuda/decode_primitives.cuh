@@ -760,13 +760,22 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
         start_heads_tile_load(tile, state, stride_head, stride_p, rows, next, min(part_rows, tile_rows - next), N,
                               barrier, L2Hint::kEvictFirst);
       }
-      for (int j = 0; j < f.tokens; ++j) {
-        float b[Ly::kVecsPerLane][Ly::kVec];
-        stored_slice<Ly>(f.B + j * f.B_pitch, lane, b);
+      // Every lane of a row group needs the same weight_j x_j[i] of its rows: lane l forms those of
+      // token j0 + l once, and the group's lanes read them from it by a shuffle (notes/cuda.md v33).
+      for (int j0 = 0; j0 < f.tokens; j0 += Ly::kLanes) {
+        float mine[Ly::kRows];
+        const int j = j0 + lane;
 #pragma unroll
-        for (int q = 0; q < Ly::kRows; ++q) {
-          const float xdt = t[q] < next ? f.weights[k[q] * kMaxBufferLen + j] * to_float(f.x[j * f.x_pitch + t[q]]) : 0.f;
-          state_step<Ly>(s[q], 1.f, xdt, b);
+        for (int q = 0; q < Ly::kRows; ++q)
+          mine[q] = j < f.tokens && t[q] < next
+                        ? f.weights[k[q] * kMaxBufferLen + j] * to_float(f.x[j * f.x_pitch + t[q]])
+                        : 0.f;
+        const int block = min(Ly::kLanes, f.tokens - j0);
+        for (int e = 0; e < block; ++e) {
+          float b[Ly::kVecsPerLane][Ly::kVec];
+          stored_slice<Ly>(f.B + (j0 + e) * f.B_pitch, lane, b);
+#pragma unroll
+          for (int q = 0; q < Ly::kRows; ++q) state_step<Ly>(s[q], 1.f, __shfl_sync(kFullMask, mine[q], e, Ly::kLanes), b);
         }
       }
 #pragma unroll
