@@ -771,6 +771,10 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
                         ? f.weights[k[q] * kMaxBufferLen + j] * to_float(f.x[j * f.x_pitch + t[q]])
                         : 0.f;
         const int block = min(Ly::kLanes, f.tokens - j0);
+        // Two tokens in flight; past 32 bytes of B a lane (fp32 activations; a 16-bit state at N =
+        // 256) they spill under the dot kernels' register cap: one at a time.
+        constexpr int kTokensInFlight = Ly::kVecsPerLane * Ly::kVec * sizeof(Act) > 32 ? 1 : 2;
+#pragma unroll kTokensInFlight
         for (int e = 0; e < block; ++e) {
           float b[Ly::kVecsPerLane][Ly::kVec];
           stored_slice<Ly>(f.B + (j0 + e) * f.B_pitch, lane, b);
