@@ -1,7 +1,7 @@
 // The building blocks of the decode kernels (mamba2_kernels.cuh) and the speculative ones
 // (mamba2_spec_kernels.cuh): 16-byte packs, the bulk copy engine, the row layouts' slices and
 // reductions, the state tile, and the window's weights. All arithmetic is fp32 FMA on values
-// widened from their storage type.
+// widened from their storage type, but for one fold on the tensor cores whose products are exact.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -789,6 +789,168 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
                                     false, nearest, 0);
       }
       finished(s, first, next, batch);
+    }
+  }
+}
+
+// ---- A 4-byte state's fold on the tensor cores (sm_80 mma.sync). ----
+
+// The split paths fold a 4-byte state with bf16 activations and N <= 128 on the tensor cores: B_j
+// is exact in bf16, and each weight_j x_j[i] (its fp32 product, as the CUDA-core fold forms it)
+// goes in as three bf16 terms whose sum is that product to within 2^-27 of it, so the products are
+// fp32's and only the order of the sums differs.
+template <typename S, typename Act, typename Ly>
+constexpr bool kTensorCoreFold = sizeof(S) == 4 && std::is_same_v<Act, BFloat16> && !Ly::kMasked &&
+                                 Ly::kCoverN <= 128;
+// The launchers take it where a flush folds more than this many tokens: at one block of 16 tokens
+// it was 0.2-1.2% slower than the CUDA-core fold (L = 16), at 28-32 tokens 0.2-3.8% faster (L =
+// 32; notes/cuda.md v35).
+constexpr int64_t kTensorFoldMinTokens = 16;
+
+// The bf16 pairs (low half: p) of three terms whose sums are p and q to within 2^-27 of them.
+__device__ __forceinline__ void split_bf16x3(float p, float q, uint32_t (&terms)[3]) {
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    uint32_t pair;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(q), "f"(p));
+    terms[k] = pair;
+    p -= __uint_as_float(pair << 16);
+    q -= __uint_as_float(pair & 0xffff0000u);
+  }
+}
+
+// d += a b: a 16 x 16 bf16 block a, a 16 x 8 one b (b0, b1), fp32 d, in mma.m16n8k16's fragments.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8 x 8 blocks of 16-bit values, each transposed: lane l gives the address of row l % 8 of
+// block l / 8 (16-byte aligned) and gets, of each block, rows 2 (l % 4) and the next of column l / 4.
+__device__ __forceinline__ void load_blocks_transposed(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row))
+               : "memory");
+}
+
+// fold_staged_tile on the tensor cores (kTensorCoreFold), the same contract but for what it hands
+// on: per folded row, row_done(tile row, y), y[d] = S_i . c_at(d, n) over n for d < dots. Each warp
+// takes 8 rows of a part at a time over all N columns, as S^T = decay S0^T + B^T (w x): the state
+// columns are mma's rows (16 a block, B^T's fragments by ldmatrix from the staged B), the tile rows
+// its columns (8, the w x fragments formed in registers), the decayed rows its accumulators. A
+// part's rows are in registers before the next part's copy is asked for, so that the fold runs
+// while it lands; the folded rows are stored and their dots taken from the fragments.
+template <typename Ly, int kMaxDots, typename Act, typename CAt, typename RowDone>
+__device__ __forceinline__ void fold_staged_tile_on_tensor_cores(float* tile, float* state, int64_t stride_head,
+                                                                 int64_t stride_p, int rows, int tile_rows,
+                                                                 int part_rows, int N, uint64_t* barrier,
+                                                                 const StagedFold<Act>& f, int dots,
+                                                                 const CAt& c_at, const RowDone& row_done) {
+  constexpr int kWarps = kThreads / 32, kWarpRows = 8, kColBlocks = Ly::kCoverN / 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int first = 0, part = 0; first < tile_rows; first += part_rows, ++part) {
+    const int count = min(part_rows, tile_rows - first), next = first + count;
+    const int rounds = (count + kWarps * kWarpRows - 1) / (kWarps * kWarpRows);
+    if (part > 0) wait_tile_all<Ly>(barrier, part);
+    for (int round = 0; round < rounds; ++round) {
+      const int base = round * kWarps * kWarpRows + warp * kWarpRows;  // the warp's rows in the part
+      // Accumulator rows: this lane's 2t and 2t + 1 of the warp's 8 (columns g and g + 8 of each
+      // block); w x rows: its g.
+      int u[2], head[2];
+      bool live[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        u[e] = base + 2 * t + e;
+        live[e] = u[e] < count;
+        head[e] = (first + min(u[e], count - 1)) / rows;
+      }
+      float acc[kColBlocks][4];  // (column g: rows 2t, 2t + 1; column g + 8: the same)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float decay = f.head_s[4 * head[e]];
+#pragma unroll
+        for (int m = 0; m < kColBlocks; ++m) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) acc[m][2 * h + e] = live[e] ? decay * tile[u[e] * N + 16 * m + g + 8 * h] : 0.f;
+        }
+      }
+      if (round == rounds - 1 && next < tile_rows) {  // the part is in registers: the next one may land
+        __syncthreads();
+        start_heads_tile_load(tile, state, stride_head, stride_p, rows, next, min(part_rows, tile_rows - next), N,
+                              barrier, L2Hint::kEvictFirst);
+      }
+      const int wx_row = base + g;
+      const bool wx_live = wx_row < count;
+      const int wx_head = (first + min(wx_row, count - 1)) / rows;
+      for (int k0 = 0; k0 < f.tokens; k0 += 16) {
+        uint32_t b[3][2];  // term (hi, mid, lo); tokens k0 + 2t and the next, then 8 later
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = k0 + 8 * h + 2 * t + e;
+            v[e] = wx_live && j < f.tokens ? f.weights[wx_head * kMaxBufferLen + j] *
+                                                 to_float(f.x[j * f.x_pitch + first + wx_row])
+                                           : 0.f;
+          }
+          uint32_t terms[3];
+          split_bf16x3(v[0], v[1], terms);
+#pragma unroll
+          for (int k = 0; k < 3; ++k) b[k][h] = terms[k];
+        }
+        // Tokens past the window read a staged one (finite): their w x terms are zero.
+        const Act* B_row = f.B + min(k0 + lane / 16 * 8 + lane % 8, f.tokens - 1) * f.B_pitch + lane / 8 % 2 * 8;
+#pragma unroll
+        for (int m = 0; m < kColBlocks; ++m) {
+          uint32_t a[4];
+          load_blocks_transposed(a, B_row + 16 * m);
+#pragma unroll
+          for (int k = 2; k >= 0; --k) mma_bf16(acc[m], a, b[k][0], b[k][1]);
+        }
+      }
+      float y[2][kMaxDots];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = first + u[e] - head[e] * rows;
+        float* row = state + head[e] * stride_head + i * stride_p;
+#pragma unroll
+        for (int m = 0; m < kColBlocks; ++m) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (live[e]) row[16 * m + g + 8 * h] = acc[m][2 * h + e];
+        }
+#pragma unroll
+        for (int d = 0; d < kMaxDots; ++d) y[e][d] = 0.f;
+      }
+#pragma unroll
+      for (int d = 0; d < kMaxDots; ++d) {
+        if (d >= dots) break;
+#pragma unroll
+        for (int m = 0; m < kColBlocks; ++m) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float c = c_at(d, 16 * m + g + 8 * h);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) y[e][d] = fmaf(c, acc[m][2 * h + e], y[e][d]);
+          }
+        }
+      }
+#pragma unroll
+      for (int offset = 4; offset < 32; offset *= 2) {  // over g: the lanes of a row
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
+          for (int d = 0; d < kMaxDots; ++d) y[e][d] += __shfl_xor_sync(kFullMask, y[e][d], offset);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (g == 0 && live[e]) row_done(first + u[e], y[e]);
     }
   }
 }

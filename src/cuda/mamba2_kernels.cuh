@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 // stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The
 // window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
 // dot_flush_window_bytes: C and B, x and z make L + 1 rows each) while the first part_rows tile
-// rows land; fold_staged_tile folds the tile part by part.
-template <typename S, typename Act, RowLayoutKind kKind>
+// rows land; fold_staged_tile (on the tensor cores where kTensorFold) folds the tile part by part.
+template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
                                             int capacity, int part_rows, unsigned char* smem) {
   using Ly = Layout<S, kKind>;
@@ -120,7 +120,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
       smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act)));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
   Act* C_s = reinterpret_cast<Act*>(head_s + heads * 4);
-  const int n_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));
+  const int n_pitch = int(dot_flush_n_pitch(N, sizeof(Act)));
   Act* B_s = C_s + n_pitch;  // (L, n_pitch)
   Act* x_s = B_s + L * n_pitch;  // (L, x_pitch)
   const int x_pitch = int(dot_flush_x_pitch(capacity, sizeof(Act)));
@@ -172,25 +172,34 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   wait_tile_all<Ly>(barrier);
 
   const StagedFold<Act> fold{weights, head_s, B_s, x_s, n_pitch, x_pitch, L};
-  fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier,
-                          fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int first, int next,
-                                    int batch) {
-    float c[Ly::kVecsPerLane][Ly::kVec];
-    stored_slice<Ly>(C_s, lane, c);
-    float y[Ly::kRows];
+  auto write_output = [&](int tile_row, float dot) {  // out_i of the tile row with dot S_i . C
+    const int head = tile_row / rows, i = tile_row - head * rows;
+    float v = dot + head_s[4 * head + 1] * to_float(x_s[(L - 1) * x_pitch + tile_row]);
+    if (p.z) v *= silu(to_float(z_s[tile_row]));
+    static_cast<Act*>(p.out)[d.row * p.out_stride_batch + (d.first_head + head) * p.out_stride_head + d.first + i] =
+        from_float<Act>(v);
+  };
+  if constexpr (kTensorFold) {
+    static_assert(kTensorCoreFold<S, Act, Ly>, "the tensor cores fold a 4-byte state with bf16 inputs");
+    fold_staged_tile_on_tensor_cores<Ly, 1>(
+        tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier, fold, 1,
+        [&](int, int n) { return to_float(C_s[n]); },
+        [&](int tile_row, const float (&dot)[1]) { write_output(tile_row, dot[0]); });
+  } else {
+    fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier,
+                            fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int first, int next,
+                                      int batch) {
+      float c[Ly::kVecsPerLane][Ly::kVec];
+      stored_slice<Ly>(C_s, lane, c);
+      float y[Ly::kRows];
 #pragma unroll
-    for (int q = 0; q < Ly::kRows; ++q) y[q] = slice_dot<Ly>(s[q], c);
-    row_group_sums<Ly::kLanes>(y);
-    // Lane q < kRows of each row group finishes row q of the batch (as store_outputs).
-    const int mine = first + batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
-    if (lane < Ly::kRows && mine < next) {
-      const int head = mine / rows, i = mine - head * rows;
-      float v = lane_row_sum<Ly>(y, lane) + head_s[4 * head + 1] * to_float(x_s[(L - 1) * x_pitch + mine]);
-      if (p.z) v *= silu(to_float(z_s[mine]));
-      static_cast<Act*>(p.out)[d.row * p.out_stride_batch + (d.first_head + head) * p.out_stride_head + d.first + i] =
-          from_float<Act>(v);
-    }
-  });
+      for (int q = 0; q < Ly::kRows; ++q) y[q] = slice_dot<Ly>(s[q], c);
+      row_group_sums<Ly::kLanes>(y);
+      // Lane q < kRows of each row group finishes row q of the batch (as store_outputs).
+      const int mine = first + batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
+      if (lane < Ly::kRows && mine < next) write_output(mine, lane_row_sum<Ly>(y, lane));
+    });
+  }
 }
 
 // The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots
@@ -200,7 +209,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 // checkpoints instead (flush_heads, where part_rows > 0). A non-flush CTA reads its slot, its cursor, C
 // and its tile and nothing else, so that its life is one copy of its tile: a lean read of the
 // checkpoint. Corrupt cursors are skipped (the window kernel skips them too).
-template <typename S, typename Act, RowLayoutKind kKind>
+template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
                                                                  int heads_per_cta, int rows, int part_rows) {
   using Ly = Layout<S, kKind>;
@@ -221,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   if (cursor < 0 || cursor >= int(p.buffer_len)) return;
   if (cursor == int(p.buffer_len) - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
     if constexpr (!CheckpointFormat<S>::kScaled)
-      if (part_rows > 0) flush_heads<S, Act, kKind>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
+      if (part_rows > 0) flush_heads<S, Act, kKind, kTensorFold>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
     return;
   }
   const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +

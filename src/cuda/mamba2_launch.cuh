@@ -92,9 +92,13 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
   config.dynamicSmemBytes = size_t(dot_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S)));
   by_layout([&](auto kind) {
-    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)
-      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, checkpoint_dot_kernel<S, Act, decltype(kind)::value>,
-                                              p, dot.heads, dot.rows, part_rows));
+    constexpr RowLayoutKind k = decltype(kind)::value;
+    if constexpr (k != RowLayoutKind::kGeneric) {
+      auto kernel = checkpoint_dot_kernel<S, Act, k, false>;
+      if constexpr (kTensorCoreFold<S, Act, Layout<S, k>>)
+        if (p.buffer_len > kTensorFoldMinTokens) kernel = checkpoint_dot_kernel<S, Act, k, true>;
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, part_rows));
+    }
   });
 
   const int window_rows = window_rows_per_thread(p);

@@ -493,7 +493,7 @@ __device__ __forceinline__ StagedFold<Act> stage_committed(const SpecVerifyParam
   float* weights = reinterpret_cast<float*>(
       smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L - T, sizeof(Act)));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;                                       // (heads, 4): decay
-  const int B_pitch = int(round16(N * int64_t(sizeof(Act))) / int64_t(sizeof(Act)));
+  const int B_pitch = int(dot_flush_n_pitch(N, sizeof(Act)));
   Act* B_s = reinterpret_cast<Act*>(head_s + heads * 4);  // (L - T, B_pitch)
   const int x_pitch = int(dot_flush_x_pitch(capacity, sizeof(Act)));
   Act* x_s = B_s + (L - T) * B_pitch;  // (L - T, x_pitch)
@@ -533,10 +533,10 @@ __device__ __forceinline__ StagedFold<Act> stage_committed(const SpecVerifyParam
 // heads_per_cta heads of one group per CTA, for each valid position t of the window, into the
 // workspace (batch, T, H, P). A flush row's CTA (a third of the rows at T = 4, L = 16 with every
 // draft accepted) folds its committed inputs into its checkpoint rows part_rows tile rows at a
-// time and takes the dots of the folded rows (fold_staged_tile), or, where part_rows is 0 (the
-// window leaves no room in the tile), returns at once: the flush kernel's. kMaxT: T rounded up to
-// 4 or 8 (the sums held in registers).
-template <typename S, typename Act, RowLayoutKind kKind, int kMaxT>
+// time and takes the dots of the folded rows (fold_staged_tile; on the tensor cores where
+// kTensorFold), or, where part_rows is 0 (the window leaves no room in the tile), returns at once:
+// the flush kernel's. kMaxT: T rounded up to 4 or 8 (the sums held in registers).
+template <typename S, typename Act, RowLayoutKind kKind, int kMaxT, bool kTensorFold>
 __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const SpecVerifyParams p,
                                                                          int heads_per_cta, int rows, int part_rows) {
   using Ly = Layout<S, kKind>;
@@ -586,9 +586,21 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
     store_dots<Ly>(dots + from, int64_t(H) * P, y, n, count, batch, group, lane);
   };
   if (r.flush) {
-    fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier,
-                            fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int from, int next,
-                                      int batch) { dots_of(s, from, next - from, batch); });
+    if constexpr (kTensorFold) {
+      static_assert(kTensorCoreFold<S, Act, Ly>, "the tensor cores fold a 4-byte state with bf16 inputs");
+      fold_staged_tile_on_tensor_cores<Ly, kMaxT>(
+          tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier, fold, n,
+          [&](int t, int k) { return C_s[t * N + shared_position<Ly>(k)]; },
+          [&](int tile_row, const float (&y)[kMaxT]) {
+#pragma unroll
+            for (int t = 0; t < kMaxT; ++t)
+              if (t < n) dots[t * int64_t(H) * P + tile_row] = y[t];
+          });
+    } else {
+      fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N,
+                              barrier, fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int from,
+                                                 int next, int batch) { dots_of(s, from, next - from, batch); });
+    }
     return;
   }
   const int batches = (rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
@@ -1024,9 +1036,15 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = size_t(spec_dot_smem_bytes(p, dot.heads, dot.rows));
   spec::with_layout(layout, [&](auto kind) {
-    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
-      const auto kernel = short_window ? spec::dot_kernel<S, Act, decltype(kind)::value, spec::kShortWindow>
-                                       : spec::dot_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
+    constexpr RowLayoutKind k = decltype(kind)::value;
+    if constexpr (k != RowLayoutKind::kGeneric) {
+      auto kernel = short_window ? spec::dot_kernel<S, Act, k, spec::kShortWindow, false>
+                                 : spec::dot_kernel<S, Act, k, kMaxSpecWindow, false>;
+      if constexpr (kTensorCoreFold<S, Act, Layout<S, k>>) {
+        if (p.buffer_len - p.window > kTensorFoldMinTokens)  // the most committed tokens a flush folds
+          kernel = short_window ? spec::dot_kernel<S, Act, k, spec::kShortWindow, true>
+                                : spec::dot_kernel<S, Act, k, kMaxSpecWindow, true>;
+      }
       allow_smem(kernel, int64_t(config.dynamicSmemBytes));
       REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, part_rows));
     }

@@ -51,15 +51,22 @@ constexpr int64_t dot_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim,
 
 // A flush row's CTA in a split path's dot kernel stages its window at the end of its tile's bytes,
 // in 16-byte pieces: each head's weights (kMaxBufferLen floats) and four floats (its decay first),
-// then, as stored, `staged_rows` rows of N values (B of each token, and C in standard decode) and
+// then, as stored, `staged_rows` rows of N values (B of each token, and C in standard decode; pitch
+// dot_flush_n_pitch) and
 // as many rows of the CTA's tile rows (x of each token, and z in standard decode; pitch
 // dot_flush_x_pitch).
 constexpr int64_t dot_flush_x_pitch(int64_t tile_rows, int64_t act_bytes) {
   return round16(tile_rows * act_bytes) / act_bytes;
 }
+// The staged N-vectors' rows are 16 bytes longer than their values need, so that for N = 64 and
+// 128 eight consecutive rows start in different banks (the tensor-core fold reads 8 x 8 blocks of
+// them: kTensorCoreFold).
+constexpr int64_t dot_flush_n_pitch(int64_t state_dim, int64_t act_bytes) {
+  return (round16(state_dim * act_bytes) + 16) / act_bytes;
+}
 constexpr int64_t dot_flush_window_bytes(int64_t heads, int64_t tile_rows, int64_t state_dim,
                                          int64_t staged_rows, int64_t act_bytes) {
-  return heads * (kMaxBufferLen + 4) * 4 + staged_rows * round16(state_dim * act_bytes) +
+  return heads * (kMaxBufferLen + 4) * 4 + staged_rows * dot_flush_n_pitch(state_dim, act_bytes) * act_bytes +
          staged_rows * round16(tile_rows * act_bytes);
 }
 // The tile rows such a CTA folds at a time (the window takes the rest of the tile's bytes): whole
