@@ -58,7 +58,7 @@ for stage in "$@"; do
         --batch 1,8,128,512 --state-dtype fp32,bf16 --json "$OUT/h200-spec-mean2.5.json" 2>&1 | log spec.log ;;
     tune)
       for state in fp32 bf16; do
-        ./build-h200/replayssm_cuda_kernels $state bf16 16 1,8,32,128,512 ${ROWS:-0,16,32,64} \
+        ./build-h200/replayssm_cuda_kernels $state bf16 ${L:-16} ${BATCHES:-1,8,32,128,512} ${ROWS:-0,16,32,64} \
           ${ROUTE:-auto} 2>&1 | log tune.log
       done ;;
     profile)
