@@ -6,9 +6,8 @@
 //
 //   replayssm_cuda_kernels STATE ACT L BATCHES ROWS [ROUTE] [H P N G]
 //   e.g. replayssm_cuda_kernels fp32 bf16 16 1,8,32,128 0,16,32,64 output-only
-// ROWS lists rows_per_cta values of the tile kernels (0: the automatic choice); before them a
-// line times the small-batch kernels at one and two state rows a row group. ROUTE is auto,
-// output-only or state-and-output; the geometry defaults to Nemotron-H (128 64 128 8).
+// ROWS lists rows_per_cta values (0: the automatic choice); ROUTE is auto, output-only or
+// state-and-output; the geometry defaults to Nemotron-H (128 64 128 8).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,7 +22,6 @@
 #include "byte_model.hpp"
 #include "cuda/check.hpp"
 #include "cuda/mamba2_cuda.hpp"
-#include "cuda/row_layout.hpp"
 
 namespace replayssm {
 namespace {
@@ -201,56 +199,39 @@ int run(int argc, char** argv) {
       params.push_back(validate_replay_decode(cache, step, route, Backend::kCuda, workspace.view()));
     }
 
-    // The small-batch kernels at one and two state rows a row group (rows_per_cta: the layout's
-    // row groups, or twice as many).
-    const int groups =
-        cuda::make_row_layout(int(dtype_size(state_dtype)), N == 64 ? cuda::RowLayoutKind::kN64
-                                                             : N == 128 ? cuda::RowLayoutKind::kN128
-                                                                        : cuda::RowLayoutKind::kN256)
-            .row_groups;
-    auto baseline_timer = [&](const cuda::LaunchConfig& config) {
-      return std::make_unique<GraphTimer>(stream, [&] {
+    for (const int64_t rows : rows_list) {
+      const cuda::LaunchConfig config{int(rows)};
+      GraphTimer baseline(stream, [&] {
         for (int64_t s = 0; s < L; ++s)
           for (const ReplayParams& p : params) cuda::selective_state_update(p, config, stream);
       });
-    };
-    auto replay_timer = [&](const cuda::LaunchConfig& config) {
-      return std::make_unique<GraphTimer>(stream, [&] {
-        for (int64_t s = 0; s < L; ++s) {
-          for (const ReplayParams& p : params) cuda::replay_decode(p, config, stream);
-          cuda::replay_advance(advance, stream);
-        }
-      });
-    };
-    const double steps = double(L * layers);
-    const double base_bytes = tool::baseline_bytes_per_step(g, batch, state_dtype, act);
-    const double replay_bytes = tool::replay_bytes_per_step(g, batch, L, state_dtype, act);
-    // Median us per layer and step of each timer, the timers' windows alternating.
-    auto time_all = [&](const std::vector<const GraphTimer*>& timers) {
-      std::vector<std::vector<double>> runs(timers.size());
-      for (const GraphTimer* t : timers) t->seconds();
-      for (int w = 0; w < kWindows; ++w)
-        for (size_t k = 0; k < timers.size(); ++k) runs[k].push_back(timers[k]->seconds());
-      std::vector<double> us;
-      for (const auto& r : runs) us.push_back(median(r) / steps * 1e6);
-      return us;
-    };
-    {
-      const auto small_base_1 = baseline_timer({groups, -1, 1}), small_base_2 = baseline_timer({2 * groups, -1, 1});
-      const auto small_1 = replay_timer({groups, -1, 1}), small_2 = replay_timer({2 * groups, -1, 1});
-      const auto us = time_all({small_base_1.get(), small_base_2.get(), small_1.get(), small_2.get()});
-      std::printf("%6lld small  %6lld | base %8.2f %8.2f us (%5.1f%% %5.1f%%) | replay %8.2f %8.2f us (%5.1f%% %5.1f%%)\n",
-                  (long long)batch, (long long)layers, us[0], us[1], 100 * base_bytes / (us[0] * 1e-6) / copy,
-                  100 * base_bytes / (us[1] * 1e-6) / copy, us[2], us[3],
-                  100 * replay_bytes / (us[2] * 1e-6) / copy, 100 * replay_bytes / (us[3] * 1e-6) / copy);
-    }
-    for (const int64_t rows : rows_list) {
-      const auto baseline = baseline_timer({int(rows), -1, 0});
-      const auto fused = replay_timer({int(rows), 0, 0}), split = replay_timer({int(rows), 1, 0});
-      const auto us = time_all({baseline.get(), fused.get(), split.get()});
-      const double base_step = us[0] * 1e-6, fused_step = us[1] * 1e-6, replay_step = us[2] * 1e-6;
+      auto replay_timer = [&](int window_kernel) {
+        const cuda::LaunchConfig replay_config{int(rows), window_kernel};
+        return std::make_unique<GraphTimer>(stream, [&] {
+          for (int64_t s = 0; s < L; ++s) {
+            for (const ReplayParams& p : params) cuda::replay_decode(p, replay_config, stream);
+            cuda::replay_advance(advance, stream);
+          }
+        });
+      };
+      const auto fused = replay_timer(0), split = replay_timer(1);
+      std::vector<double> base_s, fused_s, split_s;
+      baseline.seconds();
+      fused->seconds();
+      split->seconds();
+      for (int w = 0; w < kWindows; ++w) {
+        base_s.push_back(baseline.seconds());
+        fused_s.push_back(fused->seconds());
+        split_s.push_back(split->seconds());
+      }
+      const double steps = double(L * layers);
+      const double base_step = median(base_s) / steps, fused_step = median(fused_s) / steps,
+                   replay_step = median(split_s) / steps;
+      const double base_bytes = tool::baseline_bytes_per_step(g, batch, state_dtype, act);
+      const double replay_bytes = tool::replay_bytes_per_step(g, batch, L, state_dtype, act);
+      const int shown_rows = rows > 0 ? int(rows) : cuda::auto_launch_config(params.front()).rows_per_cta;
       std::printf("%6lld %4d%s %6lld | %9.2f %5.1f%% | %9.2f %5.1f%% %6.3fx | %9.2f %5.1f%% %6.3fx\n",
-                  (long long)batch, int(rows), rows > 0 ? " " : "*", (long long)layers,
+                  (long long)batch, shown_rows, rows > 0 ? " " : "*", (long long)layers,
                   base_step * 1e6, 100 * base_bytes / base_step / copy, fused_step * 1e6,
                   100 * replay_bytes / fused_step / copy, base_step / fused_step,
                   replay_step * 1e6, 100 * replay_bytes / replay_step / copy, base_step / replay_step);

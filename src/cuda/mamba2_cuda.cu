@@ -43,20 +43,31 @@ int decode_rows_per_cta(const Mamba2Params& p, const ReplayParams* replay, RowLa
   });
 }
 
-// Calls run(S{}, Act{}) with the call's state and activation types (8-bit checkpoints: replay only;
-// validation refuses them elsewhere).
-template <typename Params, typename Run> void with_dtypes(const Params& p, const Run& run) {
+template <typename S, typename Act> struct TypedLaunch {
+  static void run(const Mamba2Params& p, RowLayoutKind k, int rows, int, cudaStream_t stream) {
+    launch_state_update<S, Act>(p, k, rows, stream);
+  }
+  static void run(const ReplayParams& p, RowLayoutKind k, int rows, int flush_rows, cudaStream_t stream) {
+    launch_replay_decode<S, Act>(p, k, rows, flush_rows, stream);
+  }
+};
+
+// flush_rows_per_cta: the split path's flush kernel (replay with a workspace only).
+template <typename Params>
+void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, int flush_rows_per_cta,
+            cudaStream_t stream) {
   auto with_act = [&](auto state_tag) {
+    using S = decltype(state_tag);
     switch (p.act_dtype) {
-      case DType::kFloat16: return run(state_tag, Half{});
-      case DType::kBFloat16: return run(state_tag, BFloat16{});
-      default: return run(state_tag, float{});
+      case DType::kFloat16: return TypedLaunch<S, Half>::run(p, kind, rows_per_cta, flush_rows_per_cta, stream);
+      case DType::kBFloat16: return TypedLaunch<S, BFloat16>::run(p, kind, rows_per_cta, flush_rows_per_cta, stream);
+      default: return TypedLaunch<S, float>::run(p, kind, rows_per_cta, flush_rows_per_cta, stream);
     }
   };
   switch (p.state_dtype) {
     case DType::kFloat16: return with_act(Half{});
     case DType::kBFloat16: return with_act(BFloat16{});
-    case DType::kInt8:
+    case DType::kInt8:  // 8-bit checkpoints: replay only (validation refuses them elsewhere)
       if constexpr (std::is_same_v<Params, ReplayParams>) return with_act(Int8{});
       break;
     case DType::kFloat8E4M3:
@@ -64,33 +75,6 @@ template <typename Params, typename Run> void with_dtypes(const Params& p, const
       break;
     default: return with_act(float{});
   }
-}
-
-// The small-batch kernels in the automatic choice: calls of at most this many head_dim rows an SM
-// (batch 8 of Nemotron-H on an H200), where the tile kernels' chains of dependent loads are what a
-// step waits for (notes/cuda.md v37).
-constexpr int64_t kSmallBatchMaxRowsPerSm = 512;
-// Two state rows a row group from this many head_dim rows an SM: fewer, longer CTAs share their
-// window work between more rows once the grid has several CTAs an SM.
-constexpr int64_t kSmallBatchTwoRowsPerSm = 128;
-constexpr int64_t kMaxGridYZ = 65535;
-
-// head_dim rows per CTA of the small-batch kernels for this call, or 0 where the tile kernels run:
-// those cover the generic layout, 8-bit checkpoints, the state-and-output route, stochastic
-// rounding, and calls past kSmallBatchMaxRowsPerSm unless config.small_batch forces them.
-int small_batch_rows_per_cta(const Mamba2Params& p, const ReplayParams* replay, RowLayoutKind kind,
-                             const LaunchConfig& config) {
-  const int64_t s = dtype_size(p.state_dtype);
-  if (config.small_batch == 0 || kind == RowLayoutKind::kGeneric || s == 1 || p.batch > kMaxGridYZ ||
-      p.nheads > kMaxGridYZ)
-    return 0;
-  if (replay && (replay->route == ReplayRoute::kStateAndOutput || replay->stochastic_rounding)) return 0;
-  const int64_t rows_per_sm = p.batch * p.nheads * p.head_dim / sm_count();
-  if (config.small_batch < 0 && rows_per_sm > kSmallBatchMaxRowsPerSm) return 0;
-  const int groups = make_row_layout(int(s), kind).row_groups;
-  const bool two = config.rows_per_cta > 0 ? config.rows_per_cta >= 2 * groups
-                                           : rows_per_sm >= kSmallBatchTwoRowsPerSm;
-  return two ? 2 * groups : groups;
 }
 
 // The split path needs the caller's workspace and the output-only route (the state-and-output
@@ -156,47 +140,29 @@ unsigned cursor_grid(const CursorParams& p) {
 }  // namespace
 
 LaunchConfig auto_launch_config(const Mamba2Params& p) {
-  const RowLayoutKind kind = choose_layout(p, nullptr);
-  const int small_rows = small_batch_rows_per_cta(p, nullptr, kind, LaunchConfig{});
-  if (small_rows > 0) return LaunchConfig{small_rows, -1, 1};
-  return LaunchConfig{decode_rows_per_cta(p, nullptr, kind, LaunchConfig{}), -1, 0};
+  return LaunchConfig{decode_rows_per_cta(p, nullptr, choose_layout(p, nullptr), LaunchConfig{})};
 }
 
 LaunchConfig auto_launch_config(const ReplayParams& p) {
-  const RowLayoutKind kind = choose_layout(p, &p);
-  const int small_rows = small_batch_rows_per_cta(p, &p, kind, LaunchConfig{});
-  if (small_rows > 0) return LaunchConfig{small_rows, -1, 1};
-  return LaunchConfig{decode_rows_per_cta(p, &p, kind, LaunchConfig{}), -1, 0};
+  return LaunchConfig{decode_rows_per_cta(p, &p, choose_layout(p, &p), LaunchConfig{})};
 }
 
 void selective_state_update(const Mamba2Params& p, const LaunchConfig& config, void* stream) {
   const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, nullptr);
-  const int small_rows = small_batch_rows_per_cta(p, nullptr, kind, config);
-  const int rows = small_rows > 0 ? small_rows : decode_rows_per_cta(p, nullptr, kind, config);
+  const int rows = decode_rows_per_cta(p, nullptr, kind, config);
   if (p.batch == 0) return;
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  with_dtypes(p, [&](auto state_tag, auto act_tag) {
-    using S = decltype(state_tag);
-    using Act = decltype(act_tag);
-    if (small_rows > 0) launch_small_batch_state_update<S, Act>(p, kind, rows, cuda_stream);
-    else launch_state_update<S, Act>(p, kind, rows, cuda_stream);
-  });
+  launch(p, kind, rows, 0, static_cast<cudaStream_t>(stream));
 }
 
 void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stream) {
   const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = choose_layout(p, &p);
-  // A split path the caller asks for is kept; the automatic choice puts small batches first.
-  const bool forced_split = config.window_kernel == 1 ||
-                            (config.window_kernel < 0 && p.workspace && p.window_kernel == WindowKernel::kSeparate);
-  const int small_rows = forced_split ? 0 : small_batch_rows_per_cta(p, &p, kind, config);
-  const int rows = small_rows > 0 ? small_rows : decode_rows_per_cta(p, &p, kind, config);
+  const int rows = decode_rows_per_cta(p, &p, kind, config);
   if (p.batch == 0) return;
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
   ReplayParams run = p;
   int flush_rows = 0;
-  if (small_rows == 0 && uses_window_kernel(p, kind, rows, config)) {
+  if (uses_window_kernel(p, kind, rows, config)) {
     const int64_t s = dtype_size(p.state_dtype);
     const int lanes = make_row_layout(int(s), kind).lanes;
     flush_rows = rows_per_cta_for(p, kind, rows, 0, kMaxSharedBytes - kFlushScanBytes, [&](int64_t r) {
@@ -205,17 +171,10 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   } else {
     run.workspace = nullptr;
   }
-  with_dtypes(run, [&](auto state_tag, auto act_tag) {
-    using S = decltype(state_tag);
-    using Act = decltype(act_tag);
-    if constexpr (!CheckpointFormat<S>::kScaled) {
-      if (small_rows > 0) return launch_small_batch_replay<S, Act>(run, kind, rows, cuda_stream);
-    }
-    launch_replay_decode<S, Act>(run, kind, rows, flush_rows, cuda_stream);
-  });
+  launch(run, kind, rows, flush_rows, static_cast<cudaStream_t>(stream));
   if (p.stochastic_rounding) {
     const unsigned blocks = unsigned((p.batch + kCursorThreads - 1) / kCursorThreads);
-    count_flushes_kernel<<<blocks, kCursorThreads, 0, cuda_stream>>>(p);
+    count_flushes_kernel<<<blocks, kCursorThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
     REPLAYSSM_CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -29,10 +29,6 @@ struct LaunchConfig {
   // window kernel, flush kernel), 0 the single kernel, -1 as the call's
   // ExecOptions::window_kernel says.
   int window_kernel = -1;
-  // 1: the small-batch kernels (small_batch_kernels.cuh) wherever they apply, 0: the tile kernels,
-  // -1: the small-batch kernels for calls of few rows. With them rows_per_cta picks one or two
-  // state rows a row group.
-  int small_batch = -1;
 };
 
 // The configuration the automatic choice makes for a baseline / replay call (never 0 rows).

@@ -8,7 +8,6 @@
 #include "cuda/launch_shape.hpp"
 #include "cuda/mamba2_kernels.cuh"
 #include "cuda/mamba2_launch.hpp"
-#include "cuda/small_batch_kernels.cuh"
 
 namespace replayssm::cuda {
 
@@ -130,59 +129,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   });
 }
 
-// The small-batch kernels: (chunk, head, batch row), rows_per_cta = R x the layout's row groups.
-inline dim3 small_batch_grid(const Mamba2Params& p, int rows_per_cta) {
-  return dim3(unsigned((p.head_dim + rows_per_cta - 1) / rows_per_cta), unsigned(p.nheads), unsigned(p.batch));
-}
-
-// Calls launch(kind, R) with the vectorised layout and the rows a row group takes (1 or 2).
-template <typename S, typename Launch>
-void with_small_batch_shape(RowLayoutKind layout, int rows_per_cta, const Launch& launch) {
-  auto with_rows = [&](auto kind) {
-    constexpr int kRowGroups = Layout<S, decltype(kind)::value>::kRowGroups;
-    if (rows_per_cta == 2 * kRowGroups) launch(kind, std::integral_constant<int, 2>{});
-    else launch(kind, std::integral_constant<int, 1>{});
-  };
-  switch (layout) {
-    case RowLayoutKind::kN64: return with_rows(std::integral_constant<RowLayoutKind, RowLayoutKind::kN64>{});
-    case RowLayoutKind::kN128: return with_rows(std::integral_constant<RowLayoutKind, RowLayoutKind::kN128>{});
-    case RowLayoutKind::kN256: return with_rows(std::integral_constant<RowLayoutKind, RowLayoutKind::kN256>{});
-    case RowLayoutKind::kGeneric: break;  // mamba2_cuda.cu takes these kernels for vectorised layouts only
-  }
-}
-
-template <typename S, typename Act>
-void launch_small_batch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_per_cta,
-                                     cudaStream_t stream) {
-  with_small_batch_shape<S>(layout, rows_per_cta, [&](auto kind, auto rows) {
-    small_batch_state_update_kernel<S, Act, decltype(kind)::value, decltype(rows)::value>
-        <<<small_batch_grid(p, rows_per_cta), kThreads, 0, stream>>>(p);
-  });
-  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename S, typename Act>
-void launch_small_batch_replay(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
-                               cudaStream_t stream) {
-  const int64_t smem = small_batch_replay_smem_bytes(p.buffer_len, p.state_dim);
-  with_small_batch_shape<S>(layout, rows_per_cta, [&](auto kind, auto rows) {
-    const auto kernel = small_batch_replay_kernel<S, Act, decltype(kind)::value, decltype(rows)::value>;
-    allow_smem(kernel, smem, kSmallBatchReplayStaticBytes);
-    kernel<<<small_batch_grid(p, rows_per_cta), kThreads, size_t(smem), stream>>>(p);
-  });
-  REPLAYSSM_CUDA_CHECK(cudaGetLastError());
-}
-
 }  // namespace replayssm::cuda
-
-// Instantiates launcher `name`(params, layout, rows_per_cta, stream) for state type S and every
-// activation type.
-#define REPLAYSSM_INSTANTIATE_FOR_ACTS(name, S, Params)                                          \
-  template void replayssm::cuda::name<S, float>(Params, replayssm::cuda::RowLayoutKind, int, cudaStream_t); \
-  template void replayssm::cuda::name<S, replayssm::Half>(Params, replayssm::cuda::RowLayoutKind, int,      \
-                                                          cudaStream_t);                                   \
-  template void replayssm::cuda::name<S, replayssm::BFloat16>(Params, replayssm::cuda::RowLayoutKind, int,  \
-                                                              cudaStream_t)
 
 // Instantiates the replay launcher for state type S and every activation type (the 8-bit
 // checkpoint formats have no baseline).
@@ -194,9 +141,12 @@ void launch_small_batch_replay(const ReplayParams& p, RowLayoutKind layout, int 
   template void replayssm::cuda::launch_replay_decode<S, replayssm::BFloat16>(                   \
       const replayssm::ReplayParams&, replayssm::cuda::RowLayoutKind, int, int, cudaStream_t)
 
-// Instantiates every launcher for state type S (fp32 or 16-bit) and every activation type.
+// Instantiates both launchers for state type S and every activation type.
 #define REPLAYSSM_INSTANTIATE_LAUNCHERS(S)                                                       \
-  REPLAYSSM_INSTANTIATE_FOR_ACTS(launch_state_update, S, const replayssm::Mamba2Params&);        \
-  REPLAYSSM_INSTANTIATE_FOR_ACTS(launch_small_batch_state_update, S, const replayssm::Mamba2Params&); \
-  REPLAYSSM_INSTANTIATE_FOR_ACTS(launch_small_batch_replay, S, const replayssm::ReplayParams&);   \
+  template void replayssm::cuda::launch_state_update<S, float>(                                  \
+      const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_state_update<S, replayssm::Half>(                        \
+      const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
+  template void replayssm::cuda::launch_state_update<S, replayssm::BFloat16>(                    \
+      const replayssm::Mamba2Params&, replayssm::cuda::RowLayoutKind, int, cudaStream_t);        \
   REPLAYSSM_INSTANTIATE_REPLAY_LAUNCHERS(S)

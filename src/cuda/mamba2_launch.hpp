@@ -18,14 +18,4 @@ template <typename S, typename Act>
 void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
                           int flush_rows_per_cta, cudaStream_t stream);
 
-// The small-batch kernels (small_batch_kernels.cuh): vectorised layouts, fp32 and 16-bit states;
-// the replay's route output-only, rounding to nearest. rows_per_cta: the layout's row groups, or
-// twice as many (two state rows a row group).
-template <typename S, typename Act>
-void launch_small_batch_state_update(const Mamba2Params& p, RowLayoutKind layout, int rows_per_cta,
-                                     cudaStream_t stream);
-template <typename S, typename Act>
-void launch_small_batch_replay(const ReplayParams& p, RowLayoutKind layout, int rows_per_cta,
-                               cudaStream_t stream);
-
 }  // namespace replayssm::cuda

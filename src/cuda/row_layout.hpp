@@ -115,13 +115,6 @@ constexpr int window_heads(int64_t heads_per_group, int64_t head_dim, int64_t ro
   return int((heads_per_group + ctas - 1) / ctas);
 }
 
-// The small-batch replay kernel (small_batch_kernels.cuh): statically the window's weights, its
-// B_j . C and the decay; dynamically a flush row's B_j widened (L x N floats).
-constexpr int64_t kSmallBatchReplayStaticBytes = (2 * kMaxBufferLen + 1) * 4;
-constexpr int64_t small_batch_replay_smem_bytes(int64_t buffer_len, int64_t state_dim) {
-  return buffer_len * state_dim * 4;
-}
-
 // The layouts a kernel is compiled for: N = 64, 128 or 256 with 16-byte accesses, or any
 // N <= kMaxStateDim with scalar accesses (unaligned tensors, other state dims).
 enum class RowLayoutKind { kN64, kN128, kN256, kGeneric };
