@@ -10,8 +10,12 @@
 
 namespace replayssm::cuda {
 
+// A failed call also leaves its error as the runtime's last error, which the next launch check of
+// this thread would report as its own: it is read (and so cleared) here. A sticky error (a
+// faulted context) stays.
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* statement,
                                           const char* file, int line) {
+  (void)cudaGetLastError();
   throw CudaError(std::string("replayssm: CUDA error '") + cudaGetErrorString(status) + "' (" +
                   cudaGetErrorName(status) + ") in " + statement + " at " + file + ":" +
                   std::to_string(line));

@@ -101,7 +101,7 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
   const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
   return packed && window_heads(p.heads_per_group, p.head_dim, rows) > 0 &&
          flush_smem_bytes(l.batch_rows, p.state_dim, dtype_size(p.state_dtype), p.buffer_len,
-                          l.lanes) + kFlushScanBytes <= kMaxSharedBytes;
+                          l.lanes) + kFlushStaticBytes <= kMaxSharedBytes;
 }
 
 // Stochastic rounding: each flush row counts its flush once every head of the row has drawn its
@@ -165,7 +165,7 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   if (uses_window_kernel(p, kind, rows, config)) {
     const int64_t s = dtype_size(p.state_dtype);
     const int lanes = make_row_layout(int(s), kind).lanes;
-    flush_rows = rows_per_cta_for(p, kind, rows, 0, kMaxSharedBytes - kFlushScanBytes, [&](int64_t r) {
+    flush_rows = rows_per_cta_for(p, kind, rows, 0, kMaxSharedBytes - kFlushStaticBytes, [&](int64_t r) {
       return flush_smem_bytes(r, p.state_dim, s, p.buffer_len, lanes);
     });
   } else {

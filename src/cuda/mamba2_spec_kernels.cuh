@@ -1066,7 +1066,7 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
       if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
         const auto kernel = short_window ? spec::flush_kernel<S, Act, decltype(kind)::value, spec::kShortWindow>
                                          : spec::flush_kernel<S, Act, decltype(kind)::value, kMaxSpecWindow>;
-        allow_smem(kernel, int64_t(config.dynamicSmemBytes), kFlushScanBytes);
+        allow_smem(kernel, int64_t(config.dynamicSmemBytes), kFlushStaticBytes);
         REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, flush_rows_per_cta, x_slices));
       }
     });

@@ -79,8 +79,11 @@ constexpr int64_t dot_flush_part_rows(int64_t heads, int64_t rows, int64_t state
 
 // The split path's flush kernel: the replay's, then the window's B widened (L x N floats, 16-byte
 // aligned); besides, kFlushScanBytes of static shared memory for its scan of the batch's rows
-// (each block's taken rows and slots, two counts per warp).
+// (each block's taken rows and slots, two counts per warp), which the dynamic shared memory
+// follows at its 128-byte alignment: the CTA takes kFlushStaticBytes more than its dynamic bytes
+// (ptxas reports 1,664 for the flush kernels).
 constexpr int64_t kFlushScanBytes = kThreads * (4 + 8) + 2 * (kThreads / 32) * 4;
+constexpr int64_t kFlushStaticBytes = (kFlushScanBytes + 127) / 128 * 128;
 constexpr int64_t flush_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int64_t state_bytes,
                                    int64_t buffer_len, int64_t lanes) {
   return replay_smem_bytes(rows_per_cta, state_dim, state_bytes, buffer_len, lanes) + 12 +
