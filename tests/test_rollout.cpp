@@ -89,8 +89,8 @@ std::vector<RolloutConfig> matrix_cases() {
   // The largest buffer.
   cases.push_back(config(kOddGrouped, 64, Route::kAuto, DT::kFloat32, DT::kBFloat16));
 
-  // The vectorised layouts' other state dims, at head dims that are no multiple of the CUDA chunks,
-  // L from 1 to 64.
+  // The vectorised layouts' other state dims, L from 1 to 64 (a 16-bit N = 256 state at L = 33: the
+  // split path's flush kernel within bytes of 48 KiB of shared memory).
   for (auto [geometry, L, route, state, act] :
        {std::tuple{kVectorisedN64, 1, Route::kOutputOnly, DT::kFloat32, DT::kFloat32},
         std::tuple{kVectorisedN64, 7, Route::kAuto, DT::kBFloat16, DT::kFloat16},

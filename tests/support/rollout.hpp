@@ -26,8 +26,8 @@ inline constexpr Geometry kNemotronNano4b{"nemotronnano4b", 96, 80, 128, 8};
 inline constexpr Geometry kOddGrouped{"odd6x5x7g3", 6, 5, 7, 3};
 inline constexpr Geometry kOddWideState{"odd4x3x33g1", 4, 3, 33, 1};
 inline constexpr Geometry kSmall{"small8x16x32g2", 8, 16, 32, 2};
-// The vectorised layouts' other state dims (N = 64 and 256), head dims that are no multiple of the
-// CUDA kernels' chunks.
+// The vectorised layouts' other state dims (N = 64 and 256), with head dims of 80 (no multiple of
+// the CUDA kernels' chunks) and 128.
 inline constexpr Geometry kVectorisedN64{"vec8x80x64g2", 8, 80, 64, 2};
 inline constexpr Geometry kVectorisedN256{"vec4x128x256g2", 4, 128, 256, 2};
 
