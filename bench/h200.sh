@@ -2,7 +2,7 @@
 # Build, GPU tests, sanitizers, kernel timings and the recorded bench on an H200, stage by stage.
 # Logs go to $OUT (default ./out).
 # Stages (any subset, in order): build tests sanitize tune bench spec
-# (tune: the tuning driver at L=${L:-16}, batches ${BATCHES:-1,8,32,128,512}, chunks ${ROWS:-0,16,32,64})
+# tune reads L (default 16), BATCHES (1,8,32,128,512), ROWS (chunks: 0,16,32,64) and ROUTE (auto).
 set -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
