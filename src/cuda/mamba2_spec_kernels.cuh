@@ -797,7 +797,14 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   }
   __syncthreads();
 
-  // The history sums, token by token (the window's x appended to the ring on the way).
+  // The history sums, token by token (the window's x appended to the ring on the way), then the
+  // gates silu(z_t), formed before the wait so that after it only the outputs' products are left.
+  // They are kept in this thread's staged-x slot: gate q of output t is float t kRows + q of it,
+  // kPerToken floats a staged token.
+  constexpr int kPerToken = int(sizeof(Rows)) / 4;
+  static_assert(kMaxT * kRows <= kStaged * kPerToken, "the gates fit the slot");
+  using Gates = Pack<float, kPerToken>;
+  auto gates = [&](int f) { return reinterpret_cast<Gates*>(x_staged + f / kPerToken * blockDim.x); };
   float hist[kMaxT][kRows];
 #pragma unroll
   for (int t = 0; t < kMaxT; ++t) {
@@ -826,6 +833,28 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
         if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos, x_j);
       }
     }
+    // kGateTokens tokens' z at a time (more would spill under the register cap with the sums).
+    constexpr int kGateTokens = 4;
+#pragma unroll
+    for (int t0 = 0; t0 < kMaxT; t0 += kGateTokens) {
+      if (!p.z || t0 >= n) break;
+      Rows z[kGateTokens];
+#pragma unroll
+      for (int u = 0; u < kGateTokens; ++u) {
+        const int t = t0 + u;
+        if (t < n)
+          z[u] = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + t * p.z_stride_token +
+                                       h * p.z_stride_head + i);
+      }
+#pragma unroll
+      for (int f0 = 0; f0 < kGateTokens * kRows; f0 += kPerToken) {
+        if (t0 + f0 / kRows >= n) break;
+        Gates g;
+#pragma unroll
+        for (int e = 0; e < kPerToken; ++e) g.v[e] = silu(to_float(z[(f0 + e) / kRows].v[(f0 + e) % kRows]));
+        *gates(t0 * kRows + f0) = g;
+      }
+    }
   }
 
   // The outputs, from the dots of the dot and flush kernels.
@@ -834,15 +863,19 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
 #pragma unroll
   for (int t = 0; t < kMaxT; ++t) {
     if (t >= n) break;
-    float dot[kRows];
+    float dot[kRows], gate[kRows];
     load_piece(p.workspace + ((int64_t(row) * T + t) * H + h) * P + i, dot);
-    Rows gate{}, out;
-    if (p.z) gate = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + t * p.z_stride_token +
-                                          h * p.z_stride_head + i);
+#pragma unroll
+    for (int f0 = 0; f0 < kRows; f0 += kPerToken) {
+      const Gates g = p.z ? *gates(t * kRows + f0) : Gates{};
+#pragma unroll
+      for (int e = 0; e < kPerToken; ++e) gate[f0 + e] = g.v[e];
+    }
+    Rows out;
 #pragma unroll
     for (int q = 0; q < kRows; ++q) {
       const float v = fmaf(decay[k][t], dot[q], hist[t][q]);
-      out.v[q] = from_float<Act>(p.z ? v * silu(to_float(gate.v[q])) : v);
+      out.v[q] = from_float<Act>(p.z ? v * gate[q] : v);
     }
     store_pack(static_cast<Act*>(p.out) + row * p.out_stride_batch + t * p.out_stride_token + h * p.out_stride_head + i,
                out);
