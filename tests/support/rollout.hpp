@@ -30,6 +30,9 @@ inline constexpr Geometry kSmall{"small8x16x32g2", 8, 16, 32, 2};
 // the CUDA kernels' chunks) and 128.
 inline constexpr Geometry kVectorisedN64{"vec8x80x64g2", 8, 80, 64, 2};
 inline constexpr Geometry kVectorisedN256{"vec4x128x256g2", 4, 128, 256, 2};
+// One head a group: the speculative window kernel's grid is a CTA of one warp per (row, group),
+// so a few dozen rows give more CTAs than a GPU holds at once.
+inline constexpr Geometry kOneHeadGroups{"heads64x16x128g64", 64, 16, 128, 64};
 
 enum class SlotMapping {
   kShuffled,  // state_batch_indices: a fresh permutation of rows every step, pad rows included
