@@ -955,6 +955,66 @@ __device__ __forceinline__ void fold_staged_tile_on_tensor_cores(float* tile, fl
   }
 }
 
+// ---- A bf16 checkpoint's dots on the tensor cores (sm_80 mma.sync). ----
+
+// The split paths' dot kernels take the dots S_i . C_t of a bf16 checkpoint with bf16 activations
+// on the tensor cores: every product of two bf16 values is exact and the sums are fp32, as on the
+// CUDA cores (only their order differs), in a fraction of the instructions.
+template <typename S, typename Act, typename Ly>
+constexpr bool kTensorCoreDots = std::is_same_v<S, BFloat16> && std::is_same_v<Act, BFloat16> && !Ly::kMasked;
+
+// Which state column stands for which of mma.m16n8k16's k is free as long as the tile's rows (A)
+// and the C_t (B's columns) agree. In each block of 32 columns, lane (g, q) (g = lane / 4, q = lane %
+// 4) takes the eight columns from 8 q in one 16-byte access: columns 8 q + 4 s + {0, 1} are its k =
+// 2 q, 2 q + 1 and columns 8 q + 4 s + {2, 3} its k = 2 q + 8, 2 q + 9 of the block's k step s.
+// This lane's B fragments: of C_t for t = g < n (zero past n), the words of each block of 32
+// columns (16-byte aligned: the vectorised layouts' rows).
+template <int kN>
+__device__ __forceinline__ void load_dot_columns(const BFloat16* C, int64_t stride_t, int n,
+                                                 uint32_t (&b)[kN / 32][4]) {
+  const int lane = threadIdx.x % 32, t = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int block = 0; block < kN / 32; ++block) {
+    const uint4 v = t < n ? *reinterpret_cast<const uint4*>(C + t * stride_t + 32 * block + 8 * q) : uint4{};
+    b[block][0] = v.x;
+    b[block][1] = v.y;
+    b[block][2] = v.z;
+    b[block][3] = v.w;
+  }
+}
+
+// dot(tile row u, t, S_u . C_t) for every row u < tile_rows of a bf16 tile (rows of kN values)
+// and t < 8, from load_dot_columns' fragments (zero for t >= n): each warp takes blocks of 16 rows,
+// one pair of mma a block of 32 columns. The two rows a lane reads are 8 apart, so a quarter
+// warp's 16-byte accesses fall on the banks in pairs (two wavefronts each).
+template <int kN, typename Dot>
+__device__ __forceinline__ void tile_dots_on_tensor_cores(const BFloat16* tile, int tile_rows,
+                                                          const uint32_t (&b)[kN / 32][4], const Dot& dot) {
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  for (int base = threadIdx.x / 32 * 16; base < tile_rows; base += kWarps * 16) {
+    const int u0 = base + g, u1 = u0 + 8;
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int block = 0; block < kN / 32; ++block) {
+      const int column = 32 * block + 8 * q;
+      const uint4 lo = u0 < tile_rows ? *reinterpret_cast<const uint4*>(tile + u0 * kN + column) : uint4{};
+      const uint4 hi = u1 < tile_rows ? *reinterpret_cast<const uint4*>(tile + u1 * kN + column) : uint4{};
+      mma_bf16(d, {lo.x, hi.x, lo.y, hi.y}, b[block][0], b[block][1]);
+      mma_bf16(d, {lo.z, hi.z, lo.w, hi.w}, b[block][2], b[block][3]);
+    }
+    // d: rows u0 (d[0], d[1]) and u1 (d[2], d[3]), columns t = 2 q and 2 q + 1.
+    if (u0 < tile_rows) {
+      dot(u0, 2 * q, d[0]);
+      dot(u0, 2 * q + 1, d[1]);
+    }
+    if (u1 < tile_rows) {
+      dot(u1, 2 * q, d[2]);
+      dot(u1, 2 * q + 1, d[3]);
+    }
+  }
+}
+
 // Runs work(row, slot) for this CTA's share of the rows of a batch that selected(row) picks (it
 // returns the row's slot, or -1): those whose rank among them, in batch order, is blockIdx.y
 // modulo gridDim.y. Every thread takes part. The split paths' flush kernels take their rows so.

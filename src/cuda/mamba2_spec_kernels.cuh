@@ -565,7 +565,13 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   if (r.flush) fold = stage_committed<S, Act>(p, d, slot, r, heads_per_cta, capacity, smem);
   const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                  first_head / int(p.heads_per_group) * p.C_stride_group;
-  for (int k = threadIdx.x; k < N; k += kThreads) {
+  // A bf16 checkpoint's rows that do not flush take their dots on the tensor cores, with the C_t
+  // in registers; every other row from C_t staged widened.
+  constexpr bool kTensorDots = kTensorCoreDots<S, Act, Ly>;
+  uint32_t columns[Ly::kCoverN / 32][4];
+  if constexpr (kTensorDots)
+    if (!r.flush) load_dot_columns<Ly::kCoverN>(C, p.C_stride_token, n, columns);
+  for (int k = threadIdx.x; k < N && (!kTensorDots || r.flush); k += kThreads) {
     Act v[kMaxT];
 #pragma unroll
     for (int t = 0; t < kMaxT; ++t)
@@ -601,6 +607,12 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
                               barrier, fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int from,
                                                  int next, int batch) { dots_of(s, from, next - from, batch); });
     }
+    return;
+  }
+  if constexpr (kTensorDots) {
+    tile_dots_on_tensor_cores<Ly::kCoverN>(tile, tile_rows, columns, [&](int u, int t, float y) {
+      if (t < n) dots[t * int64_t(H) * P + u] = y;
+    });
     return;
   }
   const int batches = (rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
