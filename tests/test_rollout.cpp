@@ -95,6 +95,7 @@ std::vector<RolloutConfig> matrix_cases() {
        {std::tuple{kVectorisedN64, 1, Route::kOutputOnly, DT::kFloat32, DT::kFloat32},
         std::tuple{kVectorisedN64, 7, Route::kAuto, DT::kBFloat16, DT::kFloat16},
         std::tuple{kVectorisedN64, 64, Route::kOutputOnly, DT::kFloat16, DT::kBFloat16},
+        std::tuple{kVectorisedN64, 16, Route::kOutputOnly, DT::kBFloat16, DT::kBFloat16},
         std::tuple{kVectorisedN256, 16, Route::kAuto, DT::kFloat32, DT::kBFloat16},
         std::tuple{kVectorisedN256, 2, Route::kOutputOnly, DT::kBFloat16, DT::kBFloat16},
         std::tuple{kVectorisedN256, 64, Route::kAuto, DT::kFloat32, DT::kFloat32},

@@ -58,16 +58,17 @@ std::vector<SpecRolloutConfig> nemotron_cases() {
   return {c};
 }
 
-// The split path of the CUDA verify (a workspace): shapes whose layouts it takes (state_dim 128,
-// head_dim a multiple of 4), with short and long windows (the window kernel's two weight paths,
-// its rounds of staged x), 1 to 8 tokens, every state dtype, groups split over window CTAs. The
-// dot kernel folds the flush rows a part of the tile at a time (Nemotron Nano 4B: 80 rows in
-// parts of 32, the last one short; with an fp32 state a head's rows in two chunks, 64 and 16; on the
-// tensor cores where an fp32 state with bf16 activations folds more than 16 tokens: L - T = 20), or
-// leaves them to the flush kernel where the committed inputs take too much of the tile (fp32
-// activations, L = 64). 81 rows of 64 one-head groups are more window CTAs than an H200 holds at
-// once: the window kernel takes two rows a CTA (the first row's sums parked in shared memory, 8-
-// and 16-byte x packs), the last CTA one.
+// The split path of the CUDA verify (a workspace): shapes whose layouts it takes (state_dim 64,
+// 128 or 256, head_dim a multiple of 4), with short and long windows (the window kernel's two
+// weight paths, its rounds of staged x), 1 to 8 tokens, every state dtype, groups split over window
+// CTAs. The dot kernel folds the flush rows a part of the tile at a time (Nemotron Nano 4B: 80 rows
+// in parts of 32, the last one short; with an fp32 state a head's rows in two chunks, 64 and 16; on
+// the tensor cores where an fp32 state with bf16 activations folds more than 16 tokens: L - T =
+// 20), or leaves them to the flush kernel where the committed inputs take too much of the tile
+// (fp32 activations, L = 64). A bf16 state with bf16 activations takes the other rows' dots on the
+// tensor cores (N = 128, 64 and 256 with 2, 3 and 8 tokens). 81 rows of 64 one-head groups are more
+// window CTAs than an H200 holds at once: the window kernel takes two rows a CTA (the first row's
+// sums parked in shared memory, 8- and 16-byte x packs), the last CTA one.
 std::vector<SpecRolloutConfig> split_cases() {
   std::vector<SpecRolloutConfig> c = nemotron_cases();
   c.push_back(config(kMamba2_2p7b, 8, 24, DT::kBFloat16, DT::kFloat16, Acceptance::kMixed));
@@ -77,6 +78,8 @@ std::vector<SpecRolloutConfig> split_cases() {
   c.push_back(config(kNemotronH, 2, 40, DT::kBFloat16, DT::kBFloat16, Acceptance::kAll));
   c.back().identity_rows = true;
   c.push_back(config(kMamba2_2p7b, 4, 64, DT::kFloat32, DT::kFloat32, Acceptance::kMixed));
+  c.push_back(config(kVectorisedN64, 3, 16, DT::kBFloat16, DT::kBFloat16, Acceptance::kMixed));
+  c.push_back(config(kVectorisedN256, 8, 16, DT::kBFloat16, DT::kBFloat16, Acceptance::kMixed));
   for (DT act : {DT::kBFloat16, DT::kFloat32}) {
     c.push_back(config(kOneHeadGroups, 4, 16, act == DT::kFloat32 ? DT::kFloat16 : DT::kFloat32, act,
                        Acceptance::kMixed));
