@@ -237,20 +237,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
                    first_head * p.state_stride_head + first * p.state_stride_p;
   start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
                         L2Hint::kEvictFirst);
-  const Act* C = static_cast<const Act*>(p.C) + row * p.C_stride_batch +
-                 first_head / int(p.heads_per_group) * p.C_stride_group;
-  if constexpr (kTensorCoreDots<S, Act, Ly>) {  // C as column 0 of the B fragments
-    uint32_t columns[Ly::kCoverN / 32][4];
-    load_dot_columns<Ly::kCoverN>(C, 0, 1, columns);
-    wait_tile_all<Ly>(barrier);
-    float* dots = p.workspace + (int64_t(row) * p.nheads + first_head) * P + first;  // tile row u at u
-    tile_dots_on_tensor_cores<Ly::kCoverN>(tile, heads_per_cta * rows, columns, [&](int u, int t, float y) {
-      if (t == 0) dots[u] = y;
-    });
-    return;
-  }
   float c[Ly::kVecsPerLane][Ly::kVec];
-  load_slice<Ly>(C, lane, N, c);
+  load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
+                     first_head / int(p.heads_per_group) * p.C_stride_group,
+                 lane, N, c);
   if constexpr (CheckpointFormat<S>::kScaled) {
     for (int t = threadIdx.x; t < heads_per_cta * rows; t += kThreads) {
       const int k = t / rows;

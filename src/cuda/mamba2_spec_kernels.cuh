@@ -628,32 +628,23 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
 }
 
 // The split path's third kernel, launched as the flush kernel's programmatic dependent: the window
-// work and the outputs of every row, once per (kItems batch rows, up to heads_per_cta heads of one
-// group). Output t of a row sees the tokens [first, c + t] (first = c on a flush row, whose dots
-// come from its folded checkpoint, else 0). Thread u takes kSpecWindowRows consecutive head_dim rows
-// of one head (x, cached x, dots and outputs move in packs). Before it waits for the kernels before
-// it, it appends each row's window x, B and raw dt to the ring and forms, per head and output t,
-// the decay and each head_dim row's
+// work and the outputs of every row, once per (batch row, up to heads_per_cta heads of one group).
+// Output t of a row sees the tokens [first, c + t] (first = c on a flush row, whose dots come from
+// its folded checkpoint, else 0). Thread u takes kSpecWindowRows consecutive head_dim rows of one
+// head (x, cached x, dots and outputs move in packs). Before it waits for the kernels before it, it
+// appends the window's x, B and raw dt to the ring and forms, per head and output t, the decay and
+// each row's
 //   hist_t = sum_{first <= j <= c+t} weight_{j,t} (B_j . C_t) x_j + D x_{c+t},
 // then out_t = (decay_t dot_t + hist_t) silu(z_t).
-// Two rows a CTA (kItems = 2, short windows) keep in one wave a grid that would take two, whose
-// second wave would start only once the dot kernel has finished (notes/spec.md): the first row's
-// sums wait in the second half of each thread's staged-x slot while the second row stages its x
-// in the first half.
-template <typename Act, int kMaxT, int kItems>
+template <typename Act, int kMaxT>
 __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVerifyParams p, int heads_per_cta) {
   __shared__ float bc[kMaxSpecWindow][kMaxBufferLen];  // B_j . C_t
-  // decay[k][item * kMaxT + t]: head k's decay of output t of the CTA's row item.
   __shared__ float decay[kMaxWindowHeads][kMaxSpecWindow], A_s[kMaxWindowHeads], D_s[kMaxWindowHeads];
   static_assert(sizeof(bc) + sizeof(decay) + sizeof(A_s) + sizeof(D_s) == kSpecWindowStaticBytes,
                 "the host counts this shared memory");
   extern __shared__ __align__(16) unsigned char window_smem[];  // spec_window_smem
   constexpr int kRows = kSpecWindowRows;
   using Rows = Pack<Act, kRows>;
-  constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));  // x tokens a thread's slot holds
-  static_assert(kItems == 1 || (kItems == 2 && 2 * kMaxT <= kMaxSpecWindow &&
-                                kMaxT * kRows * 4 <= kWindowStagedBytes / 2),
-                "two rows a CTA: both rows' decays in decay, the first row's sums in half a slot");
   const int warps = int(blockDim.x) / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim), H = int(p.nheads);
   const int T = int(p.window), L = int(p.buffer_len), mask = int(p.ring_len) - 1;
@@ -661,310 +652,246 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   const int g = int(blockIdx.x) / chunks;
   const int first_head = g * hpg + (int(blockIdx.x) % chunks) * heads_per_cta;
   const int heads = min(heads_per_cta, (g + 1) * hpg - first_head);
+  const int row = int(blockIdx.y);
+  const int64_t slot = device_slot(p, row);
+  if (slot < 0) return;
+  const VerifyRow r = verify_row(p, row, slot);
+  if (!r.valid) return;
+  const int c = r.committed, n = r.tokens, count = c + n, first = r.flush ? c : 0;
+  auto position = [&](int j) { return (r.origin + j) & mask; };
   const SpecWindowSmem layout = spec_window_smem(blockDim.x, heads_per_cta, T, L, N);
   float* coef = reinterpret_cast<float*>(window_smem) + layout.coef;      // (heads, T, coef_stride)
   float* C_s = reinterpret_cast<float*>(window_smem) + layout.C;          // (T, N)
   float* dt_s = reinterpret_cast<float*>(window_smem) + layout.dt;        // (heads, L)
-  Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // token u of a round: [u * blockDim.x]
 
-  // This thread's rows: head k, rows [i, i + kRows).
+  // This thread's rows: head k, rows [i, i + kRows); their x of every token from `first` copied
+  // into shared memory (kStaged tokens a round, no registers held), in flight with the window's
+  // other loads.
   const int per_head = P / kRows;
   const int k = int(threadIdx.x) / per_head, i = (int(threadIdx.x) - k * per_head) * kRows;
   const bool has_rows = k < heads;
   const int h = first_head + k;
-  const bool appends_B = first_head == g * hpg;
-
-  // Floats kept in this thread's staged-x slot once its x is summed: float f of the part from
-  // staged token `from` is element f % kPerToken of token from + f / kPerToken.
-  constexpr int kPerToken = int(sizeof(Rows)) / 4;
-  using SlotFloats = Pack<float, kPerToken>;
-  static_assert(kMaxT * kRows <= kStaged * kPerToken, "a row's gates fit the slot");
-  auto slot_floats = [&](int from, int f) {
-    return reinterpret_cast<SlotFloats*>(x_staged + (from + f / kPerToken) * blockDim.x);
+  Act* x_ring = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
+  const Act* x_window = static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i;
+  auto x_of = [&](int j) { return j < c ? x_ring + position(j) * p.xc_stride_pos : x_window + (j - c) * p.x_stride_token; };
+  constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));
+  Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // round token u: [u * blockDim.x]
+  auto stage_x = [&](int round_first) {
+#pragma unroll
+    for (int u = 0; u < kStaged; ++u)
+      if (round_first + u < count) copy_pack_async(x_staged + u * blockDim.x, x_of(round_first + u));
   };
+  if (has_rows) stage_x(first);
 
-  // Batch row `row`'s work up to the wait: its appends to the ring, each head's decays (at
-  // decay[.][d0 + t]) and this thread's history sums, staging x kRound tokens a round; with
-  // kFormsGates, then the gates silu(z_t), so that after the wait only the outputs' products are
-  // left (gate q of output t: slot float t kRows + q). Returns the row's token count, 0 for a row
-  // without outputs (past the batch, a pad slot, a corrupt ring), whose sums are left unset.
-  auto row_history = [&](int row, int d0, auto round, auto forms_gates, float (&hist)[kMaxT][kRows]) -> int {
-    constexpr int kRound = decltype(round)::value;
-    constexpr bool kFormsGates = decltype(forms_gates)::value;
-    if (kItems > 1 && row >= int(p.batch)) return 0;  // the last CTA of an odd batch
-    const int64_t slot = device_slot(p, row);
-    if (slot < 0) return 0;
-    const VerifyRow r = verify_row(p, row, slot);
-    if (!r.valid) return 0;
-    const int c = r.committed, n = r.tokens, count = c + n, first = r.flush ? c : 0;
-    auto position = [&](int j) { return (r.origin + j) & mask; };
-
-    // The x of every token from `first` copied into shared memory (kRound tokens a round, no
-    // registers held), in flight with the window's other loads.
-    Act* x_ring = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
-    const Act* x_window = static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i;
-    auto x_of = [&](int j) {
-      return j < c ? x_ring + position(j) * p.xc_stride_pos : x_window + (j - c) * p.x_stride_token;
-    };
-    auto stage_x = [&](int round_first) {
+  // Each head's scalars; the effective dt of the tokens of every head, once for all its outputs
+  // (the window's raw dt appended); the window's C, widened; the group's first head appends the
+  // window's B. A thread asks for all its values (kPrologueItems of each kind a round) before it
+  // stores any: a store right after its load would make each a round trip of its own.
+  const Act* C_window = static_cast<const Act*>(p.C) + row * p.C_stride_batch + g * p.C_stride_group;
+  const Act* B_window = static_cast<const Act*>(p.B) + row * p.B_stride_batch + g * p.B_stride_group;
+  Act* B_ring = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + g * p.Bc_stride_group;
+  const bool appends_B = first_head == g * hpg;
+  float A = 0.f, D = 0.f;
+  if (int(threadIdx.x) < heads) {
+    A = head_value(p.A, first_head + int(threadIdx.x), 0.f);
+    D = head_value(p.D, first_head + int(threadIdx.x), 0.f);
+  }
+  const int span = count - first;  // the tokens the outputs see
+  const int dt_items = heads * span, cb_items = n * N, step = int(blockDim.x);
+  for (int e0 = threadIdx.x; e0 < max(dt_items, cb_items); e0 += kPrologueItems * step) {
+    float raw[kPrologueItems], bias[kPrologueItems];
+    Act C_e[kPrologueItems], B_e[kPrologueItems];
 #pragma unroll
-      for (int u = 0; u < kRound; ++u)
-        if (round_first + u < count) copy_pack_async(x_staged + u * blockDim.x, x_of(round_first + u));
-    };
-    if (has_rows) stage_x(first);
-
-    // Each head's scalars; the effective dt of the tokens of every head, once for all its outputs
-    // (the window's raw dt appended); the window's C, widened; the group's first head appends the
-    // window's B. A thread asks for all its values (kPrologueItems of each kind a round) before it
-    // stores any: a store right after its load would make each a round trip of its own.
-    const Act* C_window = static_cast<const Act*>(p.C) + row * p.C_stride_batch + g * p.C_stride_group;
-    const Act* B_window = static_cast<const Act*>(p.B) + row * p.B_stride_batch + g * p.B_stride_group;
-    Act* B_ring = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + g * p.Bc_stride_group;
-    float A = 0.f, D = 0.f;
-    if (int(threadIdx.x) < heads) {
-      A = head_value(p.A, first_head + int(threadIdx.x), 0.f);
-      D = head_value(p.D, first_head + int(threadIdx.x), 0.f);
-    }
-    const int span = count - first;  // the tokens the outputs see
-    const int dt_items = heads * span, cb_items = n * N, step = int(blockDim.x);
-    for (int e0 = threadIdx.x; e0 < max(dt_items, cb_items); e0 += kPrologueItems * step) {
-      float raw[kPrologueItems], bias[kPrologueItems];
-      Act C_e[kPrologueItems], B_e[kPrologueItems];
-#pragma unroll
-      for (int u = 0; u < kPrologueItems; ++u) {
-        const int e = e0 + u * step;
-        if (e < dt_items) {
-          const int kq = e / span, j = first + e - kq * span;
-          raw[u] = j < c ? __ldg(p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head +
-                                 position(j))
-                         : widen(load_stored(p.dt, p.dt_dtype, row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
-                                                                   (first_head + kq) * p.dt_stride_head));
-          bias[u] = head_value(p.dt_bias, first_head + kq, 0.f);
-        }
-        if (e < cb_items) {
-          const int t = e / N, m = e - t * N;
-          C_e[u] = load_one(C_window + t * p.C_stride_token + m);
-          if (appends_B) B_e[u] = load_one(B_window + t * p.B_stride_token + m);
-        }
+    for (int u = 0; u < kPrologueItems; ++u) {
+      const int e = e0 + u * step;
+      if (e < dt_items) {
+        const int kq = e / span, j = first + e - kq * span;
+        raw[u] = j < c ? __ldg(p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j))
+                       : widen(load_stored(p.dt, p.dt_dtype, row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
+                                                                 (first_head + kq) * p.dt_stride_head));
+        bias[u] = head_value(p.dt_bias, first_head + kq, 0.f);
       }
-#pragma unroll
-      for (int u = 0; u < kPrologueItems; ++u) {
-        const int e = e0 + u * step;
-        if (e < dt_items) {
-          const int kq = e / span, j = first + e - kq * span;
-          if (j >= c) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j)] = raw[u];
-          dt_s[kq * L + j] = effective_dt(raw[u], bias[u], p.dt_softplus);
-        }
-        if (e < cb_items) {
-          const int t = e / N, m = e - t * N;
-          C_s[e] = to_float(C_e[u]);
-          if (appends_B) B_ring[position(c + t) * p.Bc_stride_pos + m] = B_e[u];
-        }
+      if (e < cb_items) {
+        const int t = e / N, m = e - t * N;
+        C_e[u] = load_one(C_window + t * p.C_stride_token + m);
+        if (appends_B) B_e[u] = load_one(B_window + t * p.B_stride_token + m);
       }
     }
-    if (int(threadIdx.x) < heads) {
-      A_s[threadIdx.x] = A;
-      D_s[threadIdx.x] = D;
+#pragma unroll
+    for (int u = 0; u < kPrologueItems; ++u) {
+      const int e = e0 + u * step;
+      if (e < dt_items) {
+        const int kq = e / span, j = first + e - kq * span;
+        if (j >= c) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j)] = raw[u];
+        dt_s[kq * L + j] = effective_dt(raw[u], bias[u], p.dt_softplus);
+      }
+      if (e < cb_items) {
+        const int t = e / N, m = e - t * N;
+        C_s[e] = to_float(C_e[u]);
+        if (appends_B) B_ring[position(c + t) * p.Bc_stride_pos + m] = B_e[u];
+      }
     }
-    __syncthreads();
+  }
+  if (int(threadIdx.x) < heads) {
+    A_s[threadIdx.x] = A;
+    D_s[threadIdx.x] = D;
+  }
+  __syncthreads();
 
-    // The weights of each (head, output t) pair over the tokens [first, c + t], and its decay: for
-    // windows of up to 16 tokens two heads a warp pass, lane 16 s + j holding token j of head s for
-    // all the head's outputs (window_weights_16), else one pair a pass.
-    const int pairs = heads * n;
-    if (layout.coef_stride == 16) {
-      for (int k0 = 2 * warp; k0 < heads; k0 += 2 * warps) {
-        const int kq = k0 + lane / 16, j = lane % 16;
-        const bool has_head = kq < heads;
-        const int k_s = has_head ? kq : 0;
-        const float dt = j >= first && j < count ? dt_s[k_s * L + j] : 0.f;
+  // The weights of each (head, output t) pair over the tokens [first, c + t], and its decay: for
+  // windows of up to 16 tokens two heads a warp pass, lane 16 s + j holding token j of head s for
+  // all the head's outputs (window_weights_16), else one pair a pass.
+  const int pairs = heads * n;
+  if (layout.coef_stride == 16) {
+    for (int k0 = 2 * warp; k0 < heads; k0 += 2 * warps) {
+      const int kq = k0 + lane / 16, j = lane % 16;
+      const bool has_head = kq < heads;
+      const int k_s = has_head ? kq : 0;
+      const float dt = j >= first && j < count ? dt_s[k_s * L + j] : 0.f;
+#pragma unroll
+      for (int t = 0; t < kMaxT; ++t) {
+        if (t >= n) break;
+        window_weights_16(dt, first, c + t + 1, A_s[k_s], has_head ? coef + (k_s * T + t) * 16 : nullptr,
+                          has_head ? &decay[k_s][t] : nullptr);
+      }
+    }
+  } else {
+    for (int q = warp; q < pairs; q += warps) {
+      const int kq = q / n, t = q - kq * n;
+      float dt[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = lane + 32 * half;
+        dt[half] = j >= first && j < count ? dt_s[kq * L + j] : 0.f;
+      }
+      window_weights(dt, first, c + t, A_s[kq], coef + (kq * T + t) * layout.coef_stride, &decay[kq][t]);
+    }
+  }
+  // B_j . C_t for every token and output, one warp per token, lane l taking the pieces of kPiece
+  // elements from n = kPiece (l + 32 v) (B and the B ring are aligned to them on the split path).
+  constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
+  using Piece = Pack<Act, kPiece>;
+  auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
+  for (int j = first + warp; j < count; j += warps) {
+    const Act* B_j = j < c ? B_ring + position(j) * p.Bc_stride_pos : B_window + (j - c) * p.B_stride_token;
+    Piece b[kPieces];
+#pragma unroll
+    for (int v = 0; v < kPieces; ++v) b[v] = has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
+    float sums[kMaxT];
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t) {
+      sums[t] = 0.f;
+#pragma unroll
+      for (int v = 0; v < kPieces; ++v) {
+        if (t >= n || !has_piece(v)) continue;
+        float c_t[kPiece], b_v[kPiece];
+        load_piece(C_s + t * N + kPiece * (lane + 32 * v), c_t);
+        widen_pack(b[v], b_v);
+#pragma unroll
+        for (int e = 0; e < kPiece; ++e) sums[t] = fmaf(b_v[e], c_t[e], sums[t]);
+      }
+    }
+    transposed_sums<32, kMaxT>(sums, lane);
+    const int t = held_value<32, kMaxT>(lane, 0);
+    if (lane % (32 / kMaxT) == 0 && t < n) bc[t][j] = sums[0];
+  }
+  __syncthreads();
+  // The history coefficients weight_{j,t} (B_j . C_t), with D added on each output's own token:
+  // kPairThreads threads a (head, output) pair, pairs indexed by kMaxT outputs a head and tokens
+  // strided, so that no index takes an integer division.
+  constexpr int kPairThreads = 4;
+  for (int u = threadIdx.x; u < heads * kMaxT * kPairThreads; u += blockDim.x) {
+    const int kq = u / (kMaxT * kPairThreads), t = u / kPairThreads % kMaxT;
+    if (t >= n) continue;
+    float* a = coef + (kq * T + t) * layout.coef_stride;
+    for (int j = first + u % kPairThreads; j < count; j += kPairThreads)
+      a[j] = a[j] * bc[t][j] + (j == c + t ? D_s[kq] : 0.f);
+  }
+  __syncthreads();
+
+  // The history sums, token by token (the window's x appended to the ring on the way), then the
+  // gates silu(z_t), formed before the wait so that after it only the outputs' products are left.
+  // They are kept in this thread's staged-x slot: gate q of output t is float t kRows + q of it,
+  // kPerToken floats a staged token.
+  constexpr int kPerToken = int(sizeof(Rows)) / 4;
+  static_assert(kMaxT * kRows <= kStaged * kPerToken, "the gates fit the slot");
+  using Gates = Pack<float, kPerToken>;
+  auto gates = [&](int f) { return reinterpret_cast<Gates*>(x_staged + f / kPerToken * blockDim.x); };
+  float hist[kMaxT][kRows];
+#pragma unroll
+  for (int t = 0; t < kMaxT; ++t) {
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) hist[t][q] = 0.f;
+  }
+  if (has_rows) {
+    const float* coef_k = coef + k * T * layout.coef_stride;
+    for (int round_first = first; round_first < count; round_first += kStaged) {
+      if (round_first > first) stage_x(round_first);  // a longer window: the next round of tokens
+      wait_async_copies();
+#pragma unroll
+      for (int u = 0; u < kStaged; ++u) {
+        const int j = round_first + u;
+        if (j >= count) break;
+        const Rows x_j = x_staged[u * blockDim.x];
+        float xf[kRows];
+        widen_pack(x_j, xf);
 #pragma unroll
         for (int t = 0; t < kMaxT; ++t) {
           if (t >= n) break;
-          window_weights_16(dt, first, c + t + 1, A_s[k_s], has_head ? coef + (k_s * T + t) * 16 : nullptr,
-                            has_head ? &decay[k_s][d0 + t] : nullptr);
-        }
-      }
-    } else {
-      for (int q = warp; q < pairs; q += warps) {
-        const int kq = q / n, t = q - kq * n;
-        float dt[2];
+          const float a = coef_k[t * layout.coef_stride + j];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int j = lane + 32 * half;
-          dt[half] = j >= first && j < count ? dt_s[kq * L + j] : 0.f;
+          for (int q = 0; q < kRows; ++q) hist[t][q] = fmaf(a, xf[q], hist[t][q]);
         }
-        window_weights(dt, first, c + t, A_s[kq], coef + (kq * T + t) * layout.coef_stride, &decay[kq][d0 + t]);
+        if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos, x_j);
       }
     }
-    // B_j . C_t for every token and output, one warp per token, lane l taking the pieces of kPiece
-    // elements from n = kPiece (l + 32 v) (B and the B ring are aligned to them on the split path).
-    constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
-    using Piece = Pack<Act, kPiece>;
-    auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
-    for (int j = first + warp; j < count; j += warps) {
-      const Act* B_j = j < c ? B_ring + position(j) * p.Bc_stride_pos : B_window + (j - c) * p.B_stride_token;
-      Piece b[kPieces];
+    // kGateTokens tokens' z at a time (more would spill under the register cap with the sums).
+    constexpr int kGateTokens = 4;
 #pragma unroll
-      for (int v = 0; v < kPieces; ++v)
-        b[v] = has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
-      float sums[kMaxT];
+    for (int t0 = 0; t0 < kMaxT; t0 += kGateTokens) {
+      if (!p.z || t0 >= n) break;
+      Rows z[kGateTokens];
 #pragma unroll
-      for (int t = 0; t < kMaxT; ++t) {
-        sums[t] = 0.f;
-#pragma unroll
-        for (int v = 0; v < kPieces; ++v) {
-          if (t >= n || !has_piece(v)) continue;
-          float c_t[kPiece], b_v[kPiece];
-          load_piece(C_s + t * N + kPiece * (lane + 32 * v), c_t);
-          widen_pack(b[v], b_v);
-#pragma unroll
-          for (int e = 0; e < kPiece; ++e) sums[t] = fmaf(b_v[e], c_t[e], sums[t]);
-        }
+      for (int u = 0; u < kGateTokens; ++u) {
+        const int t = t0 + u;
+        if (t < n)
+          z[u] = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + t * p.z_stride_token +
+                                       h * p.z_stride_head + i);
       }
-      transposed_sums<32, kMaxT>(sums, lane);
-      const int t = held_value<32, kMaxT>(lane, 0);
-      if (lane % (32 / kMaxT) == 0 && t < n) bc[t][j] = sums[0];
-    }
-    __syncthreads();
-    // The history coefficients weight_{j,t} (B_j . C_t), with D added on each output's own token:
-    // kPairThreads threads a (head, output) pair, pairs indexed by kMaxT outputs a head and tokens
-    // strided, so that no index takes an integer division.
-    constexpr int kPairThreads = 4;
-    for (int u = threadIdx.x; u < heads * kMaxT * kPairThreads; u += blockDim.x) {
-      const int kq = u / (kMaxT * kPairThreads), t = u / kPairThreads % kMaxT;
-      if (t >= n) continue;
-      float* a = coef + (kq * T + t) * layout.coef_stride;
-      for (int j = first + u % kPairThreads; j < count; j += kPairThreads)
-        a[j] = a[j] * bc[t][j] + (j == c + t ? D_s[kq] : 0.f);
-    }
-    __syncthreads();
-
-    // The history sums, token by token (the window's x appended to the ring on the way).
 #pragma unroll
-    for (int t = 0; t < kMaxT; ++t) {
+      for (int f0 = 0; f0 < kGateTokens * kRows; f0 += kPerToken) {
+        if (t0 + f0 / kRows >= n) break;
+        Gates g;
 #pragma unroll
-      for (int q = 0; q < kRows; ++q) hist[t][q] = 0.f;
-    }
-    if (has_rows) {
-      const float* coef_k = coef + k * T * layout.coef_stride;
-      for (int round_first = first; round_first < count; round_first += kRound) {
-        if (round_first > first) stage_x(round_first);  // a longer window: the next round of tokens
-        wait_async_copies();
-#pragma unroll
-        for (int u = 0; u < kRound; ++u) {
-          const int j = round_first + u;
-          if (j >= count) break;
-          const Rows x_j = x_staged[u * blockDim.x];
-          float xf[kRows];
-          widen_pack(x_j, xf);
-#pragma unroll
-          for (int t = 0; t < kMaxT; ++t) {
-            if (t >= n) break;
-            const float a = coef_k[t * layout.coef_stride + j];
-#pragma unroll
-            for (int q = 0; q < kRows; ++q) hist[t][q] = fmaf(a, xf[q], hist[t][q]);
-          }
-          if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos, x_j);
-        }
-      }
-      if constexpr (kFormsGates) {
-        // kGateTokens tokens' z at a time (more would spill under the register cap with the sums).
-        constexpr int kGateTokens = 4;
-#pragma unroll
-        for (int t0 = 0; t0 < kMaxT; t0 += kGateTokens) {
-          if (!p.z || t0 >= n) break;
-          Rows z[kGateTokens];
-#pragma unroll
-          for (int u = 0; u < kGateTokens; ++u) {
-            const int t = t0 + u;
-            if (t < n)
-              z[u] = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch +
-                                           t * p.z_stride_token + h * p.z_stride_head + i);
-          }
-#pragma unroll
-          for (int f0 = 0; f0 < kGateTokens * kRows; f0 += kPerToken) {
-            if (t0 + f0 / kRows >= n) break;
-            SlotFloats g;
-#pragma unroll
-            for (int e = 0; e < kPerToken; ++e) g.v[e] = silu(to_float(z[(f0 + e) / kRows].v[(f0 + e) % kRows]));
-            *slot_floats(0, t0 * kRows + f0) = g;
-          }
-        }
-      }
-    }
-    return n;
-  };
-
-  // A row's outputs, from the dots of the dot and flush kernels; its gates from the slot where
-  // gates_formed, else formed here.
-  auto store_outputs = [&](int row, int n, int d0, const float (&hist)[kMaxT][kRows], bool gates_formed) {
-#pragma unroll
-    for (int t = 0; t < kMaxT; ++t) {
-      if (t >= n) break;
-      float dot[kRows], gate[kRows];
-      load_piece(p.workspace + ((int64_t(row) * T + t) * H + h) * P + i, dot);
-      if (p.z && gates_formed) {
-#pragma unroll
-        for (int f0 = 0; f0 < kRows; f0 += kPerToken) {
-          const SlotFloats g = *slot_floats(0, t * kRows + f0);
-#pragma unroll
-          for (int e = 0; e < kPerToken; ++e) gate[f0 + e] = g.v[e];
-        }
-      } else if (p.z) {
-        const Rows z = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch +
-                                             t * p.z_stride_token + h * p.z_stride_head + i);
-#pragma unroll
-        for (int q = 0; q < kRows; ++q) gate[q] = silu(to_float(z.v[q]));
-      }
-      Rows out;
-#pragma unroll
-      for (int q = 0; q < kRows; ++q) {
-        const float v = fmaf(decay[k][d0 + t], dot[q], hist[t][q]);
-        out.v[q] = from_float<Act>(p.z ? v * gate[q] : v);
-      }
-      store_pack(static_cast<Act*>(p.out) + row * p.out_stride_batch + t * p.out_stride_token +
-                     h * p.out_stride_head + i,
-                 out);
-    }
-  };
-
-  // Two rows: the first row's sums wait in the slot's second half (its gates are formed after
-  // the wait); the second row stages its x in the first half, and keeps its gates there.
-  const int row0 = int(blockIdx.y) * kItems;
-  float hist[kMaxT][kRows];
-  int n_first = 0;
-  if constexpr (kItems == 2) {
-    n_first = row_history(row0, 0, std::integral_constant<int, kStaged>{}, std::false_type{}, hist);
-    if (n_first > 0) {
-#pragma unroll
-      for (int f0 = 0; f0 < kMaxT * kRows; f0 += kPerToken) {
-        SlotFloats v;
-#pragma unroll
-        for (int e = 0; e < kPerToken; ++e) v.v[e] = hist[(f0 + e) / kRows][(f0 + e) % kRows];
-        *slot_floats(kStaged / 2, f0) = v;
+        for (int e = 0; e < kPerToken; ++e) g.v[e] = silu(to_float(z[(f0 + e) / kRows].v[(f0 + e) % kRows]));
+        *gates(t0 * kRows + f0) = g;
       }
     }
   }
-  const int last = row0 + kItems - 1;
-  const int n_last = row_history(last, (kItems - 1) * kMaxT, std::integral_constant<int, kStaged / kItems>{},
-                                 std::true_type{}, hist);
 
+  // The outputs, from the dots of the dot and flush kernels.
   wait_for_prior_kernel();
   if (!has_rows) return;
-  if constexpr (kItems == 2) {
-    if (n_first > 0) {
-      float first_hist[kMaxT][kRows];
 #pragma unroll
-      for (int f0 = 0; f0 < kMaxT * kRows; f0 += kPerToken) {
-        const SlotFloats v = *slot_floats(kStaged / 2, f0);
+  for (int t = 0; t < kMaxT; ++t) {
+    if (t >= n) break;
+    float dot[kRows], gate[kRows];
+    load_piece(p.workspace + ((int64_t(row) * T + t) * H + h) * P + i, dot);
 #pragma unroll
-        for (int e = 0; e < kPerToken; ++e) first_hist[(f0 + e) / kRows][(f0 + e) % kRows] = v.v[e];
-      }
-      store_outputs(row0, n_first, 0, first_hist, false);
+    for (int f0 = 0; f0 < kRows; f0 += kPerToken) {
+      const Gates g = p.z ? *gates(t * kRows + f0) : Gates{};
+#pragma unroll
+      for (int e = 0; e < kPerToken; ++e) gate[f0 + e] = g.v[e];
     }
+    Rows out;
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) {
+      const float v = fmaf(decay[k][t], dot[q], hist[t][q]);
+      out.v[q] = from_float<Act>(p.z ? v * gate[q] : v);
+    }
+    store_pack(static_cast<Act*>(p.out) + row * p.out_stride_batch + t * p.out_stride_token + h * p.out_stride_head + i,
+               out);
   }
-  if (n_last > 0) store_outputs(last, n_last, (kItems - 1) * kMaxT, hist, true);
 }
 
 // The baseline: token by token from the previous window's accepted state, the state after each
@@ -1192,24 +1119,13 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
 
   const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRows);
   const int64_t threads = window_threads(heads, p.head_dim, kSpecWindowRows);
-  const int64_t window_ctas_per_row = p.ngroups * ((p.heads_per_group + heads - 1) / heads);
+  config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = size_t(spec_window_smem(threads, heads, p.window, p.buffer_len, p.state_dim).bytes);
-  auto launch_window = [&](auto kernel, int64_t rows_per_cta) {
-    config.gridDim = dim3(unsigned(window_ctas_per_row), unsigned((p.batch + rows_per_cta - 1) / rows_per_cta));
-    allow_smem(kernel, int64_t(config.dynamicSmemBytes), kSpecWindowStaticBytes);
-    REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, heads));
-  };
-  if (!short_window) return launch_window(spec::window_kernel<Act, kMaxSpecWindow, 1>, 1);
-  // Two rows a CTA where one would make the grid more than one wave.
-  const auto one_row = spec::window_kernel<Act, spec::kShortWindow, 1>;
-  allow_smem(one_row, int64_t(config.dynamicSmemBytes), kSpecWindowStaticBytes);
-  int resident = 0;
-  REPLAYSSM_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, one_row, int(threads), config.dynamicSmemBytes));
-  if (window_ctas_per_row * p.batch > int64_t(resident) * sm_count())
-    return launch_window(spec::window_kernel<Act, spec::kShortWindow, 2>, 2);
-  launch_window(one_row, 1);
+  const auto window_kernel =
+      short_window ? spec::window_kernel<Act, spec::kShortWindow> : spec::window_kernel<Act, kMaxSpecWindow>;
+  allow_smem(window_kernel, int64_t(config.dynamicSmemBytes), kSpecWindowStaticBytes);
+  REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 }
 
 template <typename S, typename Act>
