@@ -82,6 +82,23 @@ inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, c
                 : 0;
 }
 
+// Whether the dot kernel can be the one kernel of a call (checkpoint_dot_kernel with kWindow: its
+// CTAs also do their rows' window work): the output-only route rounded to nearest, a 2- or 4-byte
+// state on a vectorised layout, a thread for each tile row and a warp for each head, and room for
+// the flush rows' window beside their first tile part; rows of up to 128 values (rows of 256 spill
+// the window's early history under the dot kernel's register cap).
+inline bool dot_kernel_takes_window(const ReplayParams& p, RowLayoutKind kind) {
+  const int64_t s = dtype_size(p.state_dtype);
+  if ((kind != RowLayoutKind::kN64 && kind != RowLayoutKind::kN128) || p.route == ReplayRoute::kStateAndOutput || p.stochastic_rounding ||
+      (s != 2 && s != 4))
+    return false;
+  const RowLayout layout = make_row_layout(int(s), kind);
+  const DotShape dot = dot_shape(p, s, layout);
+  return dot.heads * dot.rows <= kThreads && dot.heads <= kMaxCtaWindowHeads &&
+         dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, s, p.buffer_len + 1, dtype_size(p.act_dtype),
+                             layout.batch_rows) > 0;
+}
+
 // CTAs per (head, chunk) of a split path's flush kernel, each looping over its share of its
 // (head, chunk)'s flush rows: at most `rows` (a bound on the flush rows), and about kFlushWaves
 // waves of ctas_per_sm CTAs an SM over the `chunks` (head, chunk)s: a CTA scans the batch once for

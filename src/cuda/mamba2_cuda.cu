@@ -22,6 +22,9 @@ constexpr int64_t kTargetCtasPerSm = 16;
 // Nemotron-H, L = 16, notes/cuda.md v11: faster from batch 8, about 16 CTAs per SM, with an fp32
 // and a bf16 state; slower at batch 1).
 constexpr int64_t kWindowKernelMinCtasPerSm = 12;
+// Where the dot kernel can be the one kernel (dot_kernel_takes_window), the split path from this
+// many dot CTAs per SM.
+constexpr int64_t kWindowKernelMinDotCtasPerSm = 16;
 constexpr int kCursorThreads = 256;
 
 RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
@@ -89,8 +92,14 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
   if (!p.workspace || p.route == ReplayRoute::kStateAndOutput || p.stochastic_rounding ||
       kind == RowLayoutKind::kGeneric || choice == WindowKernel::kFused)
     return false;
-  if (choice == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kWindowKernelMinCtasPerSm * sm_count())
-    return false;
+  if (choice == WindowKernel::kAuto) {
+    const bool one_dot_kernel = dot_kernel_takes_window(p, kind);
+    const int64_t ctas = one_dot_kernel ? dot_ctas_per_row(p, dot_shape(p, dtype_size(p.state_dtype),
+                                                                        make_row_layout(int(dtype_size(p.state_dtype)), kind))) *
+                                              p.batch
+                                        : ctas_for(p, rows_per_cta);
+    if (ctas < (one_dot_kernel ? kWindowKernelMinDotCtasPerSm : kWindowKernelMinCtasPerSm) * sm_count()) return false;
+  }
   const int rows = window_rows_per_thread(p);
   const int64_t a = dtype_size(p.act_dtype), pack = rows * a;
   const bool packed = p.head_dim % rows == 0 &&
