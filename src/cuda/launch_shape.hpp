@@ -51,14 +51,14 @@ constexpr int64_t kDotTileBytes = 32 * 1024;
 struct DotShape {
   int heads, rows;
 };
-inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout) {
+inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout, int max_heads = kThreads) {
   const int64_t row_bytes = p.state_dim * state_bytes;
   if (p.head_dim * row_bytes > kDotTileBytes) {
     const int64_t rows = kDotTileBytes / row_bytes / layout.batch_rows * layout.batch_rows;
     return {1, int(rows > layout.batch_rows ? rows : layout.batch_rows)};
   }
   int64_t heads = 1;
-  while (p.heads_per_group % (2 * heads) == 0 && 2 * heads * p.head_dim * row_bytes <= kDotTileBytes)
+  while (2 * heads <= max_heads && p.heads_per_group % (2 * heads) == 0 && 2 * heads * p.head_dim * row_bytes <= kDotTileBytes)
     heads *= 2;
   return {int(heads), int(p.head_dim)};
 }
@@ -82,6 +82,12 @@ inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, c
                 : 0;
 }
 
+// The one-kernel path's tile: a head's rows (or a chunk of them), never more heads, so that a small
+// batch has a CTA for each head and a CTA's window work is one head's.
+inline DotShape one_kernel_dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout) {
+  return dot_shape(p, state_bytes, layout, 1);
+}
+
 // Whether the dot kernel can be the one kernel of a call (checkpoint_dot_kernel with kWindow: its
 // CTAs also do their rows' window work): the output-only route rounded to nearest, a 2- or 4-byte
 // state on a vectorised layout, a thread for each tile row and a warp for each head, and room for
@@ -93,8 +99,8 @@ inline bool dot_kernel_takes_window(const ReplayParams& p, RowLayoutKind kind) {
       (s != 2 && s != 4))
     return false;
   const RowLayout layout = make_row_layout(int(s), kind);
-  const DotShape dot = dot_shape(p, s, layout);
-  return dot.heads * dot.rows <= kThreads && dot.heads <= kMaxCtaWindowHeads &&
+  const DotShape dot = one_kernel_dot_shape(p, s, layout);
+  return dot.rows <= kThreads &&
          dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, s, p.buffer_len + 1, dtype_size(p.act_dtype),
                              layout.batch_rows) > 0;
 }

@@ -24,7 +24,7 @@ constexpr int64_t kTargetCtasPerSm = 16;
 constexpr int64_t kWindowKernelMinCtasPerSm = 12;
 // Where the dot kernel can be the one kernel (dot_kernel_takes_window), the split path from this
 // many dot CTAs per SM.
-constexpr int64_t kWindowKernelMinDotCtasPerSm = 16;
+constexpr int64_t kWindowKernelMinDotCtasPerSm = 12;
 constexpr int kCursorThreads = 256;
 
 RowLayoutKind choose_layout(const Mamba2Params& p, const ReplayParams* replay) {
@@ -94,7 +94,7 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
     return false;
   if (choice == WindowKernel::kAuto) {
     const bool one_dot_kernel = dot_kernel_takes_window(p, kind);
-    const int64_t ctas = one_dot_kernel ? dot_ctas_per_row(p, dot_shape(p, dtype_size(p.state_dtype),
+    const int64_t ctas = one_dot_kernel ? dot_ctas_per_row(p, one_kernel_dot_shape(p, dtype_size(p.state_dtype),
                                                                         make_row_layout(int(dtype_size(p.state_dtype)), kind))) *
                                               p.batch
                                         : ctas_for(p, rows_per_cta);
