@@ -387,7 +387,7 @@ struct NoCtaWindow {
 // and its tile and nothing else, so that its life is one copy of its tile: a lean read of the
 // checkpoint. Corrupt cursors are skipped (the window kernel skips them too).
 // kWindow: the one kernel of a small call (no workspace; 2- and 4-byte states, output-only route,
-// at most kThreads tile rows and kMaxCtaWindowHeads heads a CTA, part_rows > 0): each non-flush
+// at most kThreads tile rows and kThreads / 32 heads a CTA, part_rows > 0): each non-flush
 // CTA also does its rows' window work (CtaWindow) and writes their outputs.
 template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,

@@ -61,7 +61,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   const size_t decode_smem =
       size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len, shape.lanes));
 
-  if (!p.workspace && dot_kernel_takes_window(p, layout)) {  // one kernel: the dot kernel with the window
+  if (!p.workspace && one_kernel_is_dot_kernel(p, layout)) {  // one kernel: the dot kernel with the window
     if constexpr (!CheckpointFormat<S>::kScaled) {
       const DotShape dot = one_kernel_dot_shape(p, sizeof(S), shape);
       const int64_t smem = dot_window_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S));
