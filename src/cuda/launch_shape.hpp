@@ -51,14 +51,14 @@ constexpr int64_t kDotTileBytes = 32 * 1024;
 struct DotShape {
   int heads, rows;
 };
-inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout, int max_heads = kThreads) {
+inline DotShape dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout) {
   const int64_t row_bytes = p.state_dim * state_bytes;
   if (p.head_dim * row_bytes > kDotTileBytes) {
     const int64_t rows = kDotTileBytes / row_bytes / layout.batch_rows * layout.batch_rows;
     return {1, int(rows > layout.batch_rows ? rows : layout.batch_rows)};
   }
   int64_t heads = 1;
-  while (2 * heads <= max_heads && p.heads_per_group % (2 * heads) == 0 && 2 * heads * p.head_dim * row_bytes <= kDotTileBytes)
+  while (p.heads_per_group % (2 * heads) == 0 && 2 * heads * p.head_dim * row_bytes <= kDotTileBytes)
     heads *= 2;
   return {int(heads), int(p.head_dim)};
 }
@@ -85,7 +85,8 @@ inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, c
 // The tile of the dot kernel as a call's one kernel: a head's rows (or a chunk of them), never
 // more heads, so that a small batch has a CTA for each head and a CTA's window is one head's.
 inline DotShape one_kernel_dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout) {
-  return dot_shape(p, state_bytes, layout, 1);
+  const DotShape dot = dot_shape(p, state_bytes, layout);
+  return dot.heads == 1 ? dot : DotShape{1, int(p.head_dim)};
 }
 
 // CTAs of the dot kernel as a call's one kernel (checkpoint_dot_kernel with kWindow: its CTAs also

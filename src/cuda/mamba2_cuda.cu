@@ -18,10 +18,10 @@ namespace {
 // chunks put more loads in flight and shorten each CTA's serial work.
 constexpr int64_t kTargetCtasPerSm = 16;
 // Where the dot kernel cannot take the window (dot_window_ctas), the split path (a workspace,
-// WindowKernel::kAuto) from this many decode CTAs per SM: its three
-// launches cost a few microseconds of latency that the smallest calls do not hide (H200,
-// Nemotron-H, L = 16, notes/cuda.md v11: faster from batch 8, about 16 CTAs per SM, with an fp32
-// and a bf16 state; slower at batch 1).
+// WindowKernel::kAuto) from this many decode CTAs per SM: its three launches cost a few
+// microseconds of latency that the smallest calls do not hide (H200, Nemotron-H, L = 16,
+// notes/cuda.md v11: faster from batch 8, about 16 CTAs per SM, with an fp32 and a bf16 state;
+// slower at batch 1).
 constexpr int64_t kWindowKernelMinCtasPerSm = 12;
 constexpr int kCursorThreads = 256;
 
