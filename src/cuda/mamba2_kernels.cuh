@@ -206,50 +206,53 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 
 // The window work of a dot CTA's tile rows, done in the CTA itself: the dot kernel as the one
 // kernel of a small call (kWindow), where the split path's second launch and its wait for the whole
-// dot grid are the step's tail. The CTA holds rows of one head (one_kernel_dot_shape): thread t <
-// rows owns row t (its x and z, its history sum hist = sum_j weight_j (B_j . C) x_j + D x and its
-// output), warp 0 weighs the head, and row group r forms B_j . C of tokens r, r + row groups, ....
-// Every buffer position's history (raw dt, B, x) is asked for with the cursor, before the tile's
-// copy, so that the window costs one round trip after the slot; positions at and past the cursor
-// are replaced or dropped once it is known.
+// dot grid are the step's tail. Thread t < tile rows owns tile row t (its x and z, its history sum
+// hist = sum_j weight_j (B_j . C) x_j + D x and its output), warp k < heads weighs head k, and row
+// group r forms B_j . C of tokens r, r + row groups, .... Every buffer position's history (raw dt,
+// B, x) is asked for with the cursor, before the tile's copy, so that the window costs one round
+// trip after the slot; positions at and past the cursor are replaced or dropped once it is known.
+// The launch gives it one head (one_kernel_dot_shape); a build for one head only, with the head
+// count a constant, measured 3-8% slower at batch 2-8 (H100, notes/cuda.md v40c).
 template <typename Act, typename Ly> struct CtaWindow {
   static constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups;
   static constexpr int kEarlyX = 16;  // cached x positions asked for with the cursor
   using Slice = Pack<Act, Ly::kVec>;
 
   DotCta d;
-  int group;
+  int heads, group;
   bool has_row;
-  int i;  // this thread's head_dim row
+  int k, i;  // this thread's tile row: head first_head + k, head_dim row i
   Act x_now, z_now;
-  StoredScalar D, raw_now, A, bias;
+  StoredScalar D;                                // of head k
+  StoredScalar raw_now, A, bias;                 // of head `warp` (warps < heads)
   Slice b_now[Ly::kVecsPerLane];                 // this step's B
   float raw_dt[2];                               // cached raw dt of tokens lane and lane + 32
   Slice b_early[kEarlyRounds][Ly::kVecsPerLane];  // cached B of tokens r row groups + this row group
   Act x_early[kEarlyX];
-  float* coef;   // (kMaxBufferLen): weights, then weight_j (B_j . C)
-  float* decay;  // (1)
+  float* coef;   // (heads, kMaxBufferLen): weights, then weight_j (B_j . C)
+  float* decay;  // (heads)
   float* bc;     // (kMaxBufferLen)
   float hist, gate;
 
   // This step's inputs: they need no slot, and are asked for while it is in flight.
-  __device__ __forceinline__ CtaWindow(const ReplayParams& p, const DotCta& cta, float* shared)
-      : d(cta), group(cta.first_head / int(p.heads_per_group)) {
+  __device__ __forceinline__ CtaWindow(const ReplayParams& p, const DotCta& cta, int heads_per_cta, float* shared)
+      : d(cta), heads(heads_per_cta), group(cta.first_head / int(p.heads_per_group)) {
     coef = shared;
-    decay = coef + kMaxBufferLen;
-    bc = decay + 1;
-    i = d.first + int(threadIdx.x);
-    has_row = int(threadIdx.x) < d.rows;
-    const int h = d.first_head;
+    decay = coef + heads * kMaxBufferLen;
+    bc = decay + heads;
+    k = int(threadIdx.x) / d.rows;
+    i = d.first + int(threadIdx.x) - k * d.rows;
+    has_row = k < heads;
+    const int h = d.first_head + (has_row ? k : 0), hw = d.first_head + min(int(threadIdx.x) / 32, heads - 1);
     x_now = z_now = Act{};
     if (has_row) {
       x_now = load_one(static_cast<const Act*>(p.x) + d.row * p.x_stride_batch + h * p.x_stride_head + i);
       if (p.z) z_now = load_one(static_cast<const Act*>(p.z) + d.row * p.z_stride_batch + h * p.z_stride_head + i);
     }
     D = load_head_scalar(p.D, h, 0.f);
-    raw_now = load_stored(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + h * p.dt_stride_head);
-    A = load_head_scalar(p.A, h, 0.f);
-    bias = load_head_scalar(p.dt_bias, h, 0.f);
+    raw_now = load_stored(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + hw * p.dt_stride_head);
+    A = load_head_scalar(p.A, hw, 0.f);
+    bias = load_head_scalar(p.dt_bias, hw, 0.f);
     load_slice_packs<Ly>(B_now(p), int(threadIdx.x) % Ly::kLanes, p.state_dim, b_now);
   }
 
@@ -260,10 +263,10 @@ template <typename Act, typename Ly> struct CtaWindow {
     return static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;
   }
   __device__ __forceinline__ Act* x_hist(const ReplayParams& p, int64_t slot) const {  // (L) of this row
-    return static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + d.first_head * p.xc_stride_head + i;
+    return static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + (d.first_head + k) * p.xc_stride_head + i;
   }
-  __device__ __forceinline__ float* dt_hist(const ReplayParams& p, int64_t slot) const {  // (L)
-    return p.dt_cache + slot * p.dtc_stride_slot + d.first_head * p.dtc_stride_head;
+  __device__ __forceinline__ float* dt_hist(const ReplayParams& p, int64_t slot) const {  // (L) of head `warp`
+    return p.dt_cache + slot * p.dtc_stride_slot + (d.first_head + int(threadIdx.x) / 32) * p.dtc_stride_head;
   }
 
   // Every cached position but the last (whose token would be this step's), before the cursor is known.
@@ -271,7 +274,7 @@ template <typename Act, typename Ly> struct CtaWindow {
     const int cached = int(p.buffer_len) - 1, lane = int(threadIdx.x) % Ly::kLanes;
     const int row_group = int(threadIdx.x) / Ly::kLanes;
     raw_dt[0] = raw_dt[1] = 0.f;
-    if (threadIdx.x < 32) {
+    if (int(threadIdx.x) / 32 < heads) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = int(threadIdx.x) % 32 + 32 * half;
@@ -293,18 +296,19 @@ template <typename Act, typename Ly> struct CtaWindow {
 
   // The window of a non-flush row (cursor < L - 1): weights and decay, B_j . C, the history
   // coefficients, this thread's history sum and gate; this step's raw dt, B and x appended at the
-  // cursor (the raw dt and B by the CTAs of the head's, and the group's first head's, first rows).
+  // cursor (the raw dt and B by the CTAs of the head's, and the group's, first rows).
   __device__ __forceinline__ void form(const ReplayParams& p, int64_t slot, int cursor,
                                        const float (&c)[Ly::kVecsPerLane][Ly::kVec]) {
     const int count = cursor + 1, lane = int(threadIdx.x) % Ly::kLanes, row_group = int(threadIdx.x) / Ly::kLanes;
-    if (threadIdx.x < 32) {
+    const int warp = int(threadIdx.x) / 32;
+    if (warp < heads) {
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        if (int(threadIdx.x) + 32 * half == cursor) raw_dt[half] = widen(raw_now);
+        if (int(threadIdx.x) % 32 + 32 * half == cursor) raw_dt[half] = widen(raw_now);
       float dt[2];
       window_dt(raw_dt, cursor, widen(bias), p.dt_softplus, dt);
-      window_weights(dt, 0, cursor, widen(A), coef, decay);
-      if (threadIdx.x == 0 && d.first == 0) dt_hist(p, slot)[cursor] = widen(raw_now);
+      window_weights(dt, 0, cursor, widen(A), coef + warp * kMaxBufferLen, decay + warp);
+      if (threadIdx.x % 32 == 0 && d.first == 0) dt_hist(p, slot)[cursor] = widen(raw_now);
     }
     float sums[kEarlyRounds];
 #pragma unroll
@@ -343,12 +347,15 @@ template <typename Act, typename Ly> struct CtaWindow {
       for (int v = 0; v < Ly::kVecsPerLane; ++v) store_pack(B_at_cursor + first_element<Ly>(v, lane), b_now[v]);
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < count; j += kThreads) coef[j] *= bc[j];
+    for (int e = threadIdx.x; e < heads * count; e += kThreads) {
+      const int kq = e / count, j = e - kq * count;
+      coef[kq * kMaxBufferLen + j] *= bc[j];
+    }
     __syncthreads();
     hist = 0.f;
     gate = 1.f;
     if (has_row) {
-      const float* a = coef;
+      const float* a = coef + k * kMaxBufferLen;
       Act* x = x_hist(p, slot);
 #pragma unroll
       for (int u = 0; u < kEarlyX; ++u)
@@ -364,14 +371,14 @@ template <typename Act, typename Ly> struct CtaWindow {
   // out = (decay dot + hist) silu(z) of this thread's tile row, from its checkpoint dot.
   __device__ __forceinline__ void write_output(const ReplayParams& p, const float* dots) const {
     if (!has_row) return;
-    static_cast<Act*>(p.out)[d.row * p.out_stride_batch + d.first_head * p.out_stride_head + i] =
-        from_float<Act>(fmaf(*decay, dots[threadIdx.x], hist) * gate);
+    static_cast<Act*>(p.out)[d.row * p.out_stride_batch + (d.first_head + k) * p.out_stride_head + i] =
+        from_float<Act>(fmaf(decay[k], dots[threadIdx.x], hist) * gate);
   }
 };
 
 // The dot kernel's window where it has none (the split path).
 struct NoCtaWindow {
-  __device__ __forceinline__ NoCtaWindow(const ReplayParams&, const DotCta&, float*) {}
+  __device__ __forceinline__ NoCtaWindow(const ReplayParams&, const DotCta&, int, float*) {}
 };
 
 // The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots
@@ -382,7 +389,7 @@ struct NoCtaWindow {
 // and its tile and nothing else, so that its life is one copy of its tile: a lean read of the
 // checkpoint. Corrupt cursors are skipped (the window kernel skips them too).
 // kWindow: the one kernel of a small call (no workspace; 2- and 4-byte states, output-only route,
-// one head and at most kThreads of its rows a CTA, part_rows > 0): each non-flush
+// at most kThreads tile rows and kThreads / 32 heads a CTA, part_rows > 0): each non-flush
 // CTA also does its rows' window work (CtaWindow) and writes their outputs.
 template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
@@ -404,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
   const int64_t slot = device_slot(p, row);
-  std::conditional_t<kWindow, CtaWindow<Act, Ly>, NoCtaWindow> window(p, d, row_s + tile_rows);
+  std::conditional_t<kWindow, CtaWindow<Act, Ly>, NoCtaWindow> window(p, d, heads_per_cta, row_s + tile_rows);
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
   if constexpr (kWindow) window.load_history(p, slot);

@@ -64,7 +64,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   if (!p.workspace && one_kernel_is_dot_kernel(p, layout)) {  // one kernel: the dot kernel with the window
     if constexpr (!CheckpointFormat<S>::kScaled) {
       const DotShape dot = one_kernel_dot_shape(p, sizeof(S), shape);
-      const int64_t smem = dot_window_smem_bytes(dot.rows, p.state_dim, sizeof(S));
+      const int64_t smem = dot_window_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S));
       config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
       config.dynamicSmemBytes = size_t(smem);
       const int part_rows = int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, sizeof(S), p.buffer_len + 1,
