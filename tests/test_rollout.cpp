@@ -216,6 +216,28 @@ std::vector<RolloutConfig> wide_batch_cases() {
   return cases;
 }
 
+// Enough rows that a call without a workspace takes the dot kernel with the window
+// (one_kernel_is_dot_kernel: from one of its CTAs an SM, a CTA a head; 24 rows of 8 heads or 4 of
+// 64 make 192 or 256 CTAs, more than the 132 SMs of an H100 or H200 and fewer than 8 an SM), over
+// both state dims it takes, L from 1 to 64 (the tensor-core fold past 16 tokens) and every dtype
+// it takes: CUDA only.
+std::vector<RolloutConfig> dot_window_cases() {
+  std::vector<RolloutConfig> cases;
+  for (auto [geometry, L, route, state, act] :
+       {std::tuple{kVectorisedN64, 1, Route::kOutputOnly, DT::kFloat32, DT::kFloat32},
+        std::tuple{kVectorisedN64, 7, Route::kAuto, DT::kBFloat16, DT::kFloat16},
+        std::tuple{kVectorisedN64, 64, Route::kOutputOnly, DT::kFloat16, DT::kBFloat16},
+        std::tuple{kOneHeadGroups, 16, Route::kOutputOnly, DT::kBFloat16, DT::kBFloat16},
+        std::tuple{kOneHeadGroups, 33, Route::kAuto, DT::kFloat32, DT::kBFloat16},
+        std::tuple{kOneHeadGroups, 2, Route::kOutputOnly, DT::kFloat16, DT::kFloat32}}) {
+    RolloutConfig c = config(geometry, L, route, state, act);
+    c.backend = Backend::kCuda;
+    c.requests = geometry.nheads < 64 ? 24 : 4;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 class RolloutTest : public ::testing::TestWithParam<RolloutConfig> {};
 
 TEST_P(RolloutTest, MatchesOracle) {
@@ -245,6 +267,7 @@ INSTANTIATE_TEST_SUITE_P(LowPrecision, RolloutTest, ::testing::ValuesIn(on_every
 INSTANTIATE_TEST_SUITE_P(RecycledSlots, RolloutTest, ::testing::ValuesIn(on_every_backend(recycling_cases())),
                          test_name);
 INSTANTIATE_TEST_SUITE_P(WideBatch, RolloutTest, ::testing::ValuesIn(wide_batch_cases()), test_name);
+INSTANTIATE_TEST_SUITE_P(DotWindow, RolloutTest, ::testing::ValuesIn(dot_window_cases()), test_name);
 
 }  // namespace
 }  // namespace replayssm::test

@@ -396,18 +396,21 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
 // Starts the bulk copy of the tile rows [first, first + count) of a tile of `rows` state rows of
 // each of consecutive heads (head stride stride_head, row stride stride_p, rows of N elements;
 // tile row k rows + i is row i of head k) into `tile` from its start: the split paths' dot kernels,
-// vectorised layouts only. The copy from row 0 sets the barrier up (wait_tile before use); one
-// from a later row, once the one before has landed and been read, completes its next phase.
+// vectorised layouts only. The copy from row 0 sets the barrier up (wait_tile before use) unless
+// init_tile_barrier did at entry (barrier_ready); one from a later row, once the one before has
+// landed and been read, completes its next phase.
 template <typename S>
 __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, int64_t stride_head,
                                                       int64_t stride_p, int rows, int first, int count,
-                                                      int N, uint64_t* barrier, L2Hint hint) {
+                                                      int N, uint64_t* barrier, L2Hint hint,
+                                                      bool barrier_ready = false) {
   if (threadIdx.x != 0) return;
   const unsigned row_bytes = unsigned(N * sizeof(S));
-  if (first == 0)
-    barrier_init(barrier);
-  else  // the reads of the part before (a CTA barrier ago), ordered before the copy engine's writes
+  if (first == 0) {
+    if (!barrier_ready) barrier_init(barrier);
+  } else {  // the reads of the part before (a CTA barrier ago), ordered before the copy engine's writes
     fence_for_copy_engine();
+  }
   barrier_expect_bytes(barrier, row_bytes * unsigned(count));
   for (int k = first / rows; k * rows < first + count; ++k) {
     const int begin = max(first, k * rows), end = min(first + count, (k + 1) * rows);

@@ -82,6 +82,41 @@ inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, c
                 : 0;
 }
 
+// The tile of the dot kernel as a call's one kernel: a head's rows (or a chunk of them), never
+// more heads, so that a small batch has a CTA for each head and a CTA's window is one head's.
+inline DotShape one_kernel_dot_shape(const Mamba2Params& p, int64_t state_bytes, const RowLayout& layout) {
+  const DotShape dot = dot_shape(p, state_bytes, layout);
+  return dot.heads == 1 ? dot : DotShape{1, int(p.head_dim)};
+}
+
+// CTAs of the dot kernel as a call's one kernel (checkpoint_dot_kernel with kWindow: its CTAs also
+// do their rows' window work), or 0 where it cannot be: it takes the output-only route rounded to
+// nearest, a 2- or 4-byte state on a vectorised layout, a thread for each tile row, and room for
+// the flush rows' window beside their first tile part; rows of up to 128 values (rows of 256 spill
+// the window's early history under the dot kernel's register cap).
+inline int64_t dot_window_ctas(const ReplayParams& p, RowLayoutKind kind) {
+  const int64_t s = dtype_size(p.state_dtype);
+  if ((kind != RowLayoutKind::kN64 && kind != RowLayoutKind::kN128) || p.route == ReplayRoute::kStateAndOutput ||
+      p.stochastic_rounding || (s != 2 && s != 4))
+    return 0;
+  const RowLayout layout = make_row_layout(int(s), kind);
+  const DotShape dot = one_kernel_dot_shape(p, s, layout);
+  const bool fits = dot.rows <= kThreads && dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, s, p.buffer_len + 1,
+                                                                dtype_size(p.act_dtype), layout.batch_rows) > 0;
+  return fits ? dot_ctas_per_row(p, dot) * p.batch : 0;
+}
+
+// Where a call's one kernel is the dot kernel with the window rather than the fused decode kernel:
+// from one of its CTAs an SM to kDotWindowMaxCtasPerSm (H100, Nemotron-H, L = 16, notes/cuda.md
+// v40: 2-21% faster at batch 2-8 with fp32 and bf16 states; 7% slower with bf16 at batch 1, 128
+// CTAs on 132 SMs, where the fused kernel's 256 CTAs of half a head are shorter chains). From
+// there a call with a workspace takes the split path, 1-2% faster at batch 12.
+constexpr int64_t kDotWindowMaxCtasPerSm = 8;
+inline bool one_kernel_is_dot_kernel(const ReplayParams& p, RowLayoutKind kind) {
+  const int64_t ctas = dot_window_ctas(p, kind);
+  return ctas >= sm_count() && ctas < kDotWindowMaxCtasPerSm * sm_count();
+}
+
 // CTAs per (head, chunk) of a split path's flush kernel, each looping over its share of its
 // (head, chunk)'s flush rows: at most `rows` (a bound on the flush rows), and about kFlushWaves
 // waves of ctas_per_sm CTAs an SM over the `chunks` (head, chunk)s: a CTA scans the batch once for

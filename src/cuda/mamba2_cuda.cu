@@ -17,10 +17,11 @@ namespace {
 // the most rows) unless that leaves fewer than this many CTAs per SM: at small batch, smaller
 // chunks put more loads in flight and shorten each CTA's serial work.
 constexpr int64_t kTargetCtasPerSm = 16;
-// The split path (a workspace, WindowKernel::kAuto) from this many decode CTAs per SM: its three
-// launches cost a few microseconds of latency that the smallest calls do not hide (H200,
-// Nemotron-H, L = 16, notes/cuda.md v11: faster from batch 8, about 16 CTAs per SM, with an fp32
-// and a bf16 state; slower at batch 1).
+// Where the dot kernel cannot take the window (dot_window_ctas), the split path (a workspace,
+// WindowKernel::kAuto) from this many decode CTAs per SM: its three launches cost a few
+// microseconds of latency that the smallest calls do not hide (H200, Nemotron-H, L = 16,
+// notes/cuda.md v11: faster from batch 8, about 16 CTAs per SM, with an fp32 and a bf16 state;
+// slower at batch 1).
 constexpr int64_t kWindowKernelMinCtasPerSm = 12;
 constexpr int kCursorThreads = 256;
 
@@ -89,8 +90,12 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
   if (!p.workspace || p.route == ReplayRoute::kStateAndOutput || p.stochastic_rounding ||
       kind == RowLayoutKind::kGeneric || choice == WindowKernel::kFused)
     return false;
-  if (choice == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kWindowKernelMinCtasPerSm * sm_count())
-    return false;
+  if (choice == WindowKernel::kAuto) {  // where the dot kernel can take the window, from where it stops
+    const int64_t dot_ctas = dot_window_ctas(p, kind);
+    if (dot_ctas ? dot_ctas < kDotWindowMaxCtasPerSm * sm_count()
+                 : ctas_for(p, rows_per_cta) < kWindowKernelMinCtasPerSm * sm_count())
+      return false;
+  }
   const int rows = window_rows_per_thread(p);
   const int64_t a = dtype_size(p.act_dtype), pack = rows * a;
   const bool packed = p.head_dim % rows == 0 &&

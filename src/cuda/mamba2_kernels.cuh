@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/decode_primitives.cuh"
 
@@ -108,7 +109,8 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 // rows land; fold_staged_tile (on the tensor cores where kTensorFold) folds the tile part by part.
 template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
-                                            int capacity, int part_rows, unsigned char* smem) {
+                                            int capacity, int part_rows, unsigned char* smem,
+                                            bool barrier_ready) {
   using Ly = Layout<S, kKind>;
   static_assert(!CheckpointFormat<S>::kScaled, "8-bit checkpoints keep the flush kernel");
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
@@ -130,7 +132,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + d.first_head * p.state_stride_head +
              d.first * p.state_stride_p;
   start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, min(part_rows, tile_rows), N,
-                        barrier, L2Hint::kEvictFirst);
+                        barrier, L2Hint::kEvictFirst, barrier_ready);
   // The window by asynchronous copies of 4 elements: C, B_j (cached, then this step's), x_j and z
   // of the tile rows.
   auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
@@ -202,6 +204,183 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   }
 }
 
+// The window work of a dot CTA's tile rows, done in the CTA itself: the dot kernel as the one
+// kernel of a small call (kWindow), where the split path's second launch and its wait for the whole
+// dot grid are the step's tail. Thread t < tile rows owns tile row t (its x and z, its history sum
+// hist = sum_j weight_j (B_j . C) x_j + D x and its output), warp k < heads weighs head k, and row
+// group r forms B_j . C of tokens r, r + row groups, .... Every buffer position's history (raw dt,
+// B, x) is asked for with the cursor, before the tile's copy, so that the window costs one round
+// trip after the slot; positions at and past the cursor are replaced or dropped once it is known.
+// The launch gives it one head (one_kernel_dot_shape); a build for one head only, with the head
+// count a constant, measured 3-8% slower at batch 2-8 (H100, notes/cuda.md v40c).
+template <typename Act, typename Ly> struct CtaWindow {
+  static constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups;
+  static constexpr int kEarlyX = 16;  // cached x positions asked for with the cursor
+  using Slice = Pack<Act, Ly::kVec>;
+
+  DotCta d;
+  int heads, group;
+  bool has_row;
+  int k, i;  // this thread's tile row: head first_head + k, head_dim row i
+  Act x_now, z_now;
+  StoredScalar D;                                // of head k
+  StoredScalar raw_now, A, bias;                 // of head `warp` (warps < heads)
+  Slice b_now[Ly::kVecsPerLane];                 // this step's B
+  float raw_dt[2];                               // cached raw dt of tokens lane and lane + 32
+  Slice b_early[kEarlyRounds][Ly::kVecsPerLane];  // cached B of tokens r row groups + this row group
+  Act x_early[kEarlyX];
+  float* coef;   // (heads, kMaxBufferLen): weights, then weight_j (B_j . C)
+  float* decay;  // (heads)
+  float* bc;     // (kMaxBufferLen)
+  float hist, gate;
+
+  // This step's inputs: they need no slot, and are asked for while it is in flight.
+  __device__ __forceinline__ CtaWindow(const ReplayParams& p, const DotCta& cta, int heads_per_cta, float* shared)
+      : d(cta), heads(heads_per_cta), group(cta.first_head / int(p.heads_per_group)) {
+    coef = shared;
+    decay = coef + heads * kMaxBufferLen;
+    bc = decay + heads;
+    k = int(threadIdx.x) / d.rows;
+    i = d.first + int(threadIdx.x) - k * d.rows;
+    has_row = k < heads;
+    const int h = d.first_head + (has_row ? k : 0), hw = d.first_head + min(int(threadIdx.x) / 32, heads - 1);
+    x_now = z_now = Act{};
+    if (has_row) {
+      x_now = load_one(static_cast<const Act*>(p.x) + d.row * p.x_stride_batch + h * p.x_stride_head + i);
+      if (p.z) z_now = load_one(static_cast<const Act*>(p.z) + d.row * p.z_stride_batch + h * p.z_stride_head + i);
+    }
+    D = load_head_scalar(p.D, h, 0.f);
+    raw_now = load_stored(p.dt, p.dt_dtype, d.row * p.dt_stride_batch + hw * p.dt_stride_head);
+    A = load_head_scalar(p.A, hw, 0.f);
+    bias = load_head_scalar(p.dt_bias, hw, 0.f);
+    load_slice_packs<Ly>(B_now(p), int(threadIdx.x) % Ly::kLanes, p.state_dim, b_now);
+  }
+
+  __device__ __forceinline__ const Act* B_now(const ReplayParams& p) const {
+    return static_cast<const Act*>(p.B) + d.row * p.B_stride_batch + group * p.B_stride_group;
+  }
+  __device__ __forceinline__ Act* B_hist(const ReplayParams& p, int64_t slot) const {  // (L, N)
+    return static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;
+  }
+  __device__ __forceinline__ Act* x_hist(const ReplayParams& p, int64_t slot) const {  // (L) of this row
+    return static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + (d.first_head + k) * p.xc_stride_head + i;
+  }
+  __device__ __forceinline__ float* dt_hist(const ReplayParams& p, int64_t slot) const {  // (L) of head `warp`
+    return p.dt_cache + slot * p.dtc_stride_slot + (d.first_head + int(threadIdx.x) / 32) * p.dtc_stride_head;
+  }
+
+  // Every cached position but the last (whose token would be this step's), before the cursor is known.
+  __device__ __forceinline__ void load_history(const ReplayParams& p, int64_t slot) {
+    const int cached = int(p.buffer_len) - 1, lane = int(threadIdx.x) % Ly::kLanes;
+    const int row_group = int(threadIdx.x) / Ly::kLanes;
+    raw_dt[0] = raw_dt[1] = 0.f;
+    if (int(threadIdx.x) / 32 < heads) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = int(threadIdx.x) % 32 + 32 * half;
+        if (j < cached) raw_dt[half] = __ldg(dt_hist(p, slot) + j);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kEarlyRounds; ++r) {
+      const int j = r * Ly::kRowGroups + row_group;
+      if (j < cached) load_slice_packs<Ly>(B_hist(p, slot) + j * p.Bc_stride_pos, lane, p.state_dim, b_early[r]);
+    }
+    if (has_row) {
+      const Act* x = x_hist(p, slot);
+#pragma unroll
+      for (int u = 0; u < kEarlyX; ++u)
+        if (u < cached) x_early[u] = load_one(x + u * p.xc_stride_pos);
+    }
+  }
+
+  // The window of a non-flush row (cursor < L - 1): weights and decay, B_j . C, the history
+  // coefficients, this thread's history sum and gate; this step's raw dt, B and x appended at the
+  // cursor (the raw dt and B by the CTAs of the head's, and the group's, first rows).
+  __device__ __forceinline__ void form(const ReplayParams& p, int64_t slot, int cursor,
+                                       const float (&c)[Ly::kVecsPerLane][Ly::kVec]) {
+    const int count = cursor + 1, lane = int(threadIdx.x) % Ly::kLanes, row_group = int(threadIdx.x) / Ly::kLanes;
+    const int warp = int(threadIdx.x) / 32;
+    if (warp < heads) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        if (int(threadIdx.x) % 32 + 32 * half == cursor) raw_dt[half] = widen(raw_now);
+      float dt[2];
+      window_dt(raw_dt, cursor, widen(bias), p.dt_softplus, dt);
+      window_weights(dt, 0, cursor, widen(A), coef + warp * kMaxBufferLen, decay + warp);
+      if (threadIdx.x % 32 == 0 && d.first == 0) dt_hist(p, slot)[cursor] = widen(raw_now);
+    }
+    float sums[kEarlyRounds];
+#pragma unroll
+    for (int r = 0; r < kEarlyRounds; ++r) {
+      const int j = r * Ly::kRowGroups + row_group;
+      sums[r] = 0.f;
+      if (j <= cursor) {
+        Slice packs[Ly::kVecsPerLane];
+        float b[Ly::kVecsPerLane][Ly::kVec];
+#pragma unroll
+        for (int v = 0; v < Ly::kVecsPerLane; ++v) packs[v] = j == cursor ? b_now[v] : b_early[r][v];
+        widen_slice<Ly>(packs, b);
+        sums[r] = slice_dot<Ly>(b, c);
+      }
+    }
+    row_group_sums<Ly::kLanes>(sums);
+#pragma unroll
+    for (int r = 0; r < kEarlyRounds; ++r) {
+      const int j = r * Ly::kRowGroups + row_group;
+      if (lane == 0 && j <= cursor) bc[j] = sums[r];
+    }
+    for (int j0 = kEarlyRounds * Ly::kRowGroups; j0 < count; j0 += Ly::kRowGroups) {  // longer windows
+      const int j = j0 + row_group;
+      float later[1] = {0.f};
+      if (j < count) {
+        float b[Ly::kVecsPerLane][Ly::kVec];
+        load_slice<Ly>(j < cursor ? B_hist(p, slot) + j * p.Bc_stride_pos : B_now(p), lane, p.state_dim, b);
+        later[0] = slice_dot<Ly>(b, c);
+      }
+      row_group_sums<Ly::kLanes>(later);
+      if (lane == 0 && j < count) bc[j] = later[0];
+    }
+    if (row_group == 0 && d.first == 0 && d.first_head == group * int(p.heads_per_group)) {
+      Act* B_at_cursor = B_hist(p, slot) + cursor * p.Bc_stride_pos;
+#pragma unroll
+      for (int v = 0; v < Ly::kVecsPerLane; ++v) store_pack(B_at_cursor + first_element<Ly>(v, lane), b_now[v]);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < heads * count; e += kThreads) {
+      const int kq = e / count, j = e - kq * count;
+      coef[kq * kMaxBufferLen + j] *= bc[j];
+    }
+    __syncthreads();
+    hist = 0.f;
+    gate = 1.f;
+    if (has_row) {
+      const float* a = coef + k * kMaxBufferLen;
+      Act* x = x_hist(p, slot);
+#pragma unroll
+      for (int u = 0; u < kEarlyX; ++u)
+        if (u < cursor) hist = fmaf(a[u], to_float(x_early[u]), hist);
+      for (int j = kEarlyX; j < cursor; ++j) hist = fmaf(a[j], to_float(load_one(x + j * p.xc_stride_pos)), hist);
+      const float now = to_float(x_now);
+      hist = fmaf(widen(D), now, fmaf(a[cursor], now, hist));
+      if (p.z) gate = silu(to_float(z_now));
+      x[cursor * p.xc_stride_pos] = x_now;
+    }
+  }
+
+  // out = (decay dot + hist) silu(z) of this thread's tile row, from its checkpoint dot.
+  __device__ __forceinline__ void write_output(const ReplayParams& p, const float* dots) const {
+    if (!has_row) return;
+    static_cast<Act*>(p.out)[d.row * p.out_stride_batch + (d.first_head + k) * p.out_stride_head + i] =
+        from_float<Act>(fmaf(decay[k], dots[threadIdx.x], hist) * gate);
+  }
+};
+
+// The dot kernel's window where it has none (the split path).
+struct NoCtaWindow {
+  __device__ __forceinline__ NoCtaWindow(const ReplayParams&, const DotCta&, int, float*) {}
+};
+
 // The split path's first kernel (a workspace was given, vectorised layouts): the checkpoint dots
 //   dot_i = scale_i (S0_i . C)
 // of `rows` head_dim rows from `first` of heads_per_cta heads of one group per CTA, every row of
@@ -209,34 +388,44 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 // checkpoints instead (flush_heads, where part_rows > 0). A non-flush CTA reads its slot, its cursor, C
 // and its tile and nothing else, so that its life is one copy of its tile: a lean read of the
 // checkpoint. Corrupt cursors are skipped (the window kernel skips them too).
-template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
+// kWindow: the one kernel of a small call (no workspace; 2- and 4-byte states, output-only route,
+// at most kThreads tile rows and kThreads / 32 heads a CTA, part_rows > 0): each non-flush
+// CTA also does its rows' window work (CtaWindow) and writes their outputs.
+template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel(const ReplayParams p,
                                                                  int heads_per_cta, int rows, int part_rows) {
   using Ly = Layout<S, kKind>;
+  static_assert(!kWindow || !CheckpointFormat<S>::kScaled, "8-bit checkpoints keep the split path's flush kernel");
   extern __shared__ __align__(128) unsigned char smem[];
-  allow_dependent_launch();  // the window kernel's CTAs may start with this kernel's last wave
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
+  if constexpr (kWindow)
+    init_tile_barrier<Ly>(barrier);  // before the window's loads are in flight (init_tile_barrier)
+  else
+    allow_dependent_launch();  // the window kernel's CTAs may start with this kernel's last wave
   const int N = int(p.state_dim), P = int(p.head_dim);
   const int tile_rows = heads_per_cta * rows;
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
-  float* scale_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(tile_rows, N, sizeof(S)));
+  float* row_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(tile_rows, N, sizeof(S)));  // (tile rows)
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
   const DotCta d = dot_cta(P, heads_per_cta, rows);
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
   const int64_t slot = device_slot(p, row);
+  std::conditional_t<kWindow, CtaWindow<Act, Ly>, NoCtaWindow> window(p, d, heads_per_cta, row_s + tile_rows);
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
+  if constexpr (kWindow) window.load_history(p, slot);
   if (cursor < 0 || cursor >= int(p.buffer_len)) return;
   if (cursor == int(p.buffer_len) - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
     if constexpr (!CheckpointFormat<S>::kScaled)
-      if (part_rows > 0) flush_heads<S, Act, kKind, kTensorFold>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem);
+      if (part_rows > 0)
+        flush_heads<S, Act, kKind, kTensorFold>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem, kWindow);
     return;
   }
   const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
                    first_head * p.state_stride_head + first * p.state_stride_p;
   start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
-                        L2Hint::kEvictFirst);
+                        L2Hint::kEvictFirst, kWindow);
   float c[Ly::kVecsPerLane][Ly::kVec];
   load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
                      first_head / int(p.heads_per_group) * p.C_stride_group,
@@ -244,15 +433,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   if constexpr (CheckpointFormat<S>::kScaled) {
     for (int t = threadIdx.x; t < heads_per_cta * rows; t += kThreads) {
       const int k = t / rows;
-      scale_s[t] = p.state_scale[slot * p.scale_stride_slot + (first_head + k) * p.scale_stride_head +
-                                 first + t - k * rows];
+      row_s[t] = p.state_scale[slot * p.scale_stride_slot + (first_head + k) * p.scale_stride_head +
+                               first + t - k * rows];
     }
   }
+  if constexpr (kWindow) window.form(p, slot, cursor, c);
   wait_tile_all<Ly>(barrier);
 
   const int batches = (rows + Ly::kBatchRows - 1) / Ly::kBatchRows;
   for (int k = 0; k < heads_per_cta; ++k) {
-    float* dots = p.workspace + (int64_t(row) * p.nheads + first_head + k) * P + first;  // (rows)
+    float* dots = kWindow ? row_s + k * rows
+                          : p.workspace + (int64_t(row) * p.nheads + first_head + k) * P + first;  // (rows)
     for (int batch = 0; batch < batches; ++batch) {
       float y[Ly::kRows];
 #pragma unroll
@@ -264,9 +455,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
       row_group_sums<Ly::kLanes>(y);
       const int i = batch * Ly::kBatchRows + lane * Ly::kRowGroups + group;
       if (lane < Ly::kRows && i < rows)
-        dots[i] = CheckpointFormat<S>::kScaled ? scale_s[k * rows + i] * lane_row_sum<Ly>(y, lane)
+        dots[i] = CheckpointFormat<S>::kScaled ? row_s[k * rows + i] * lane_row_sum<Ly>(y, lane)
                                                : lane_row_sum<Ly>(y, lane);
     }
+  }
+  if constexpr (kWindow) {
+    __syncthreads();  // every row's dot
+    window.write_output(p, row_s);
   }
 }
 

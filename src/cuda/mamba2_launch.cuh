@@ -61,6 +61,27 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   const size_t decode_smem =
       size_t(replay_smem_bytes(rows_per_cta, p.state_dim, sizeof(S), p.buffer_len, shape.lanes));
 
+  if (!p.workspace && one_kernel_is_dot_kernel(p, layout)) {  // one kernel: the dot kernel with the window
+    if constexpr (!CheckpointFormat<S>::kScaled) {
+      const DotShape dot = one_kernel_dot_shape(p, sizeof(S), shape);
+      const int64_t smem = dot_window_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S));
+      config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
+      config.dynamicSmemBytes = size_t(smem);
+      const int part_rows = int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, sizeof(S), p.buffer_len + 1,
+                                                    sizeof(Act), shape.batch_rows));
+      by_layout([&](auto kind) {
+        constexpr RowLayoutKind k = decltype(kind)::value;
+        if constexpr (k == RowLayoutKind::kN64 || k == RowLayoutKind::kN128) {
+          auto kernel = checkpoint_dot_kernel<S, Act, k, false, true>;
+          if constexpr (kTensorCoreFold<S, Act, Layout<S, k>>)
+            if (p.buffer_len > kTensorFoldMinTokens) kernel = checkpoint_dot_kernel<S, Act, k, true, true>;
+          allow_smem(kernel, smem);
+          REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, part_rows));
+        }
+      });
+      return;
+    }
+  }
   if (!p.workspace) {  // one kernel does everything
     config.gridDim = decode_grid(p, rows_per_cta);
     config.dynamicSmemBytes = decode_smem;
@@ -94,9 +115,9 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   by_layout([&](auto kind) {
     constexpr RowLayoutKind k = decltype(kind)::value;
     if constexpr (k != RowLayoutKind::kGeneric) {
-      auto kernel = checkpoint_dot_kernel<S, Act, k, false>;
+      auto kernel = checkpoint_dot_kernel<S, Act, k, false, false>;
       if constexpr (kTensorCoreFold<S, Act, Layout<S, k>>)
-        if (p.buffer_len > kTensorFoldMinTokens) kernel = checkpoint_dot_kernel<S, Act, k, true>;
+        if (p.buffer_len > kTensorFoldMinTokens) kernel = checkpoint_dot_kernel<S, Act, k, true, false>;
       REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, part_rows));
     }
   });
