@@ -212,7 +212,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 // B, x) is asked for with the cursor, before the tile's copy, so that the window costs one round
 // trip after the slot; positions at and past the cursor are replaced or dropped once it is known.
 // The launch gives it one head (one_kernel_dot_shape); a build for one head only, with the head
-// count a constant, measured 3-8% slower at batch 2-8 (H100, notes/cuda.md v40c).
+// count a constant, measured 2-6% slower at batch 3-8 (H100, side by side: notes/cuda.md v40c).
 template <typename Act, typename Ly> struct CtaWindow {
   static constexpr int kEarlyRounds = Ly::kRowGroups >= 16 ? 1 : 16 / Ly::kRowGroups;
   static constexpr int kEarlyX = 16;  // cached x positions asked for with the cursor
