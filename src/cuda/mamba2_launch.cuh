@@ -67,8 +67,7 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
       const int64_t smem = dot_window_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S));
       config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
       config.dynamicSmemBytes = size_t(smem);
-      const int part_rows = int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, sizeof(S), p.buffer_len + 1,
-                                                    sizeof(Act), shape.batch_rows));
+      const int part_rows = dot_fold_part_rows(p, sizeof(S), dot, shape);
       by_layout([&](auto kind) {
         constexpr RowLayoutKind k = decltype(kind)::value;
         if constexpr (k == RowLayoutKind::kN64 || k == RowLayoutKind::kN128) {
