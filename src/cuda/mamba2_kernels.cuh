@@ -407,10 +407,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);  // (heads, rows, N)
   float* row_s = reinterpret_cast<float*>(smem + kTileOffset + tile_bytes(tile_rows, N, sizeof(S)));  // (tile rows)
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes;
+  const int64_t slot = device_slot(p, blockIdx.y);  // first: the CTA's chain starts with it
   const DotCta d = dot_cta(P, heads_per_cta, rows);
   const int row = d.row, first_head = d.first_head, first = d.first;
   rows = d.rows;
-  const int64_t slot = device_slot(p, row);
+  // C, as stored, while the slot and the cursor come in: the window's B_j . C wait for it.
+  Pack<Act, Ly::kVec> c_packs[Ly::kVecsPerLane];
+  load_slice_packs<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
+                           first_head / int(p.heads_per_group) * p.C_stride_group,
+                       lane, N, c_packs);
   std::conditional_t<kWindow, CtaWindow<Act, Ly>, NoCtaWindow> window(p, d, heads_per_cta, row_s + tile_rows);
   if (slot < 0) return;
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
@@ -427,9 +432,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
                         L2Hint::kEvictFirst, kWindow);
   float c[Ly::kVecsPerLane][Ly::kVec];
-  load_slice<Ly>(static_cast<const Act*>(p.C) + row * p.C_stride_batch +
-                     first_head / int(p.heads_per_group) * p.C_stride_group,
-                 lane, N, c);
+  widen_slice<Ly>(c_packs, c);
   if constexpr (CheckpointFormat<S>::kScaled) {
     for (int t = threadIdx.x; t < heads_per_cta * rows; t += kThreads) {
       const int k = t / rows;
