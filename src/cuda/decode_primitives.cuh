@@ -398,8 +398,11 @@ __device__ __forceinline__ void start_tile_load(S* tile, const S* state, int64_t
 // tile row k rows + i is row i of head k) into `tile` from its start: the split paths' dot kernels,
 // vectorised layouts only. The copy from row 0 sets the barrier up (wait_tile before use) unless
 // init_tile_barrier did at entry (barrier_ready); one from a later row, once the one before has
-// landed and been read, completes its next phase.
-template <typename S>
+// landed and been read, completes its next phase. kOneCopy (standard decode's dot kernel and its
+// folds): rows that are contiguous in memory (one head's chunk, or whole heads of a contiguous
+// state) in one copy, without the loop's address arithmetic. The speculative dot kernel leaves it
+// off: there the branch made the bf16 T <= 4 instantiation spill, 2-4% slower (notes/cuda.md v44).
+template <bool kOneCopy = false, typename S>
 __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, int64_t stride_head,
                                                       int64_t stride_p, int rows, int first, int count,
                                                       int N, uint64_t* barrier, L2Hint hint,
@@ -412,6 +415,10 @@ __device__ __forceinline__ void start_heads_tile_load(S* tile, const S* state, i
     fence_for_copy_engine();
   }
   barrier_expect_bytes(barrier, row_bytes * unsigned(count));
+  if (kOneCopy && stride_p == N && (first + count <= rows || stride_head == int64_t(rows) * N)) {
+    bulk_copy_to_shared(tile, state + int64_t(first) * N, row_bytes * unsigned(count), barrier, hint);
+    return;
+  }
   for (int k = first / rows; k * rows < first + count; ++k) {
     const int begin = max(first, k * rows), end = min(first + count, (k + 1) * rows);
     S* dst = tile + (begin - first) * N;
@@ -731,8 +738,9 @@ __device__ __forceinline__ void stored_slice(const Act* row, int lane, float (&o
 // (start_heads_tile_load from row 0) and waited for them; each later part lands where the one
 // before was, while that one's last batch of rows folds from registers. Then, per batch of
 // folded rows, finished(s, first, next, batch): the part is the tile rows [first, next), and s[k]
-// is its row chunk_row(batch, k, group) (none past next).
-template <typename S, typename Ly, typename Act, typename Finished>
+// is its row chunk_row(batch, k, group) (none past next). kOneCopy: the parts' copies'
+// (start_heads_tile_load).
+template <typename S, typename Ly, bool kOneCopy = false, typename Act, typename Finished>
 __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stride_head, int64_t stride_p, int rows,
                                                  int tile_rows, int part_rows, int N, uint64_t* barrier,
                                                  const StagedFold<Act>& f, const Finished& finished) {
@@ -760,8 +768,8 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
       }
       if (batch == batches - 1 && next < tile_rows) {  // the part is in registers: the next one may land
         __syncthreads();
-        start_heads_tile_load(tile, state, stride_head, stride_p, rows, next, min(part_rows, tile_rows - next), N,
-                              barrier, L2Hint::kEvictFirst);
+        start_heads_tile_load<kOneCopy>(tile, state, stride_head, stride_p, rows, next,
+                                        min(part_rows, tile_rows - next), N, barrier, L2Hint::kEvictFirst);
       }
       // Every lane of a row group needs the same weight_j x_j[i] of its rows: lane l forms those of
       // token j0 + l once, and the group's lanes read them from it by a shuffle (notes/cuda.md v33).
@@ -847,7 +855,7 @@ __device__ __forceinline__ void load_blocks_transposed(uint32_t (&r)[4], const v
 // its columns (8, the w x fragments formed in registers), the decayed rows its accumulators. A
 // part's rows are in registers before the next part's copy is asked for, so that the fold runs
 // while it lands; the folded rows are stored and their dots taken from the fragments.
-template <typename Ly, int kMaxDots, typename Act, typename CAt, typename RowDone>
+template <typename Ly, int kMaxDots, bool kOneCopy = false, typename Act, typename CAt, typename RowDone>
 __device__ __forceinline__ void fold_staged_tile_on_tensor_cores(float* tile, float* state, int64_t stride_head,
                                                                  int64_t stride_p, int rows, int tile_rows,
                                                                  int part_rows, int N, uint64_t* barrier,
@@ -883,8 +891,8 @@ __device__ __forceinline__ void fold_staged_tile_on_tensor_cores(float* tile, fl
       }
       if (round == rounds - 1 && next < tile_rows) {  // the part is in registers: the next one may land
         __syncthreads();
-        start_heads_tile_load(tile, state, stride_head, stride_p, rows, next, min(part_rows, tile_rows - next), N,
-                              barrier, L2Hint::kEvictFirst);
+        start_heads_tile_load<kOneCopy>(tile, state, stride_head, stride_p, rows, next,
+                                        min(part_rows, tile_rows - next), N, barrier, L2Hint::kEvictFirst);
       }
       const int wx_row = base + g;
       const bool wx_live = wx_row < count;

@@ -107,9 +107,10 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 // window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
 // dot_flush_window_bytes: C and B, x and z make L + 1 rows each) while the first part_rows tile
 // rows land; fold_staged_tile (on the tensor cores where kTensorFold) folds the tile part by part.
+// state: the CTA's first checkpoint row (head d.first_head, row d.first of the slot).
 template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
-__device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, int heads,
-                                            int capacity, int part_rows, unsigned char* smem,
+__device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, S* state,
+                                            int heads, int capacity, int part_rows, unsigned char* smem,
                                             bool barrier_ready) {
   using Ly = Layout<S, kKind>;
   static_assert(!CheckpointFormat<S>::kScaled, "8-bit checkpoints keep the flush kernel");
@@ -129,10 +130,8 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   Act* z_s = x_s + L * x_pitch;  // (tile rows)
 
   const int g = d.first_head / int(p.heads_per_group);
-  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + d.first_head * p.state_stride_head +
-             d.first * p.state_stride_p;
-  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, min(part_rows, tile_rows), N,
-                        barrier, L2Hint::kEvictFirst, barrier_ready);
+  start_heads_tile_load<true>(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, min(part_rows, tile_rows),
+                              N, barrier, L2Hint::kEvictFirst, barrier_ready);
   // The window by asynchronous copies of 4 elements: C, B_j (cached, then this step's), x_j and z
   // of the tile rows.
   auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
@@ -183,14 +182,14 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   };
   if constexpr (kTensorFold) {
     static_assert(kTensorCoreFold<S, Act, Ly>, "the tensor cores fold a 4-byte state with bf16 inputs");
-    fold_staged_tile_on_tensor_cores<Ly, 1>(
+    fold_staged_tile_on_tensor_cores<Ly, 1, true>(
         tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier, fold, 1,
         [&](int, int n) { return to_float(C_s[n]); },
         [&](int tile_row, const float (&dot)[1]) { write_output(tile_row, dot[0]); });
   } else {
-    fold_staged_tile<S, Ly>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier,
-                            fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int first, int next,
-                                      int batch) {
+    fold_staged_tile<S, Ly, true>(tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N,
+                                  barrier, fold, [&](const float (&s)[Ly::kRows][Ly::kVecsPerLane][Ly::kVec], int first,
+                                                     int next, int batch) {
       float c[Ly::kVecsPerLane][Ly::kVec];
       stored_slice<Ly>(C_s, lane, c);
       float y[Ly::kRows];
@@ -207,7 +206,8 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 // The window work of a dot CTA's tile rows, done in the CTA itself: the dot kernel as the one
 // kernel of a small call (kWindow), where the split path's second launch and its wait for the whole
 // dot grid are the step's tail. Thread t < tile rows owns tile row t (its x and z, its history sum
-// hist = sum_j weight_j (B_j . C) x_j + D x and its output), warp k < heads weighs head k, and row
+// hist = sum_j weight_j (B_j . C) x_j + D x and its output), the k-th warp from the last weighs head
+// k (the last warps' row groups have the window's latest tokens, past most cursors), and row
 // group r forms B_j . C of tokens r, r + row groups, .... Every buffer position's history (raw dt,
 // B, x) is asked for with the cursor, before the tile's copy, so that the window costs one round
 // trip after the slot; positions at and past the cursor are replaced or dropped once it is known.
@@ -222,28 +222,30 @@ template <typename Act, typename Ly> struct CtaWindow {
   int heads, group;
   bool has_row;
   int k, i;  // this thread's tile row: head first_head + k, head_dim row i
+  int weighed;  // the head this thread's warp weighs (where < heads)
   Act x_now, z_now;
   StoredScalar D;                                // of head k
-  StoredScalar raw_now, A, bias;                 // of head `warp` (warps < heads)
+  StoredScalar raw_now, A, bias;                 // of head `weighed`
   Slice b_now[Ly::kVecsPerLane];                 // this step's B
   float raw_dt[2];                               // cached raw dt of tokens lane and lane + 32
   Slice b_early[kEarlyRounds][Ly::kVecsPerLane];  // cached B of tokens r row groups + this row group
   Act x_early[kEarlyX];
-  float* coef;   // (heads, kMaxBufferLen): weights, then weight_j (B_j . C)
-  float* decay;  // (heads)
-  float* bc;     // (kMaxBufferLen)
+  float* weights;  // (heads, kMaxBufferLen)
+  float* decay;    // (heads)
+  float* bc;       // (kMaxBufferLen): B_j . C
   float hist, gate;
 
   // This step's inputs: they need no slot, and are asked for while it is in flight.
   __device__ __forceinline__ CtaWindow(const ReplayParams& p, const DotCta& cta, int heads_per_cta, float* shared)
       : d(cta), heads(heads_per_cta), group(cta.first_head / int(p.heads_per_group)) {
-    coef = shared;
-    decay = coef + heads * kMaxBufferLen;
+    weights = shared;
+    decay = weights + heads * kMaxBufferLen;
     bc = decay + heads;
     k = int(threadIdx.x) / d.rows;
     i = d.first + int(threadIdx.x) - k * d.rows;
     has_row = k < heads;
-    const int h = d.first_head + (has_row ? k : 0), hw = d.first_head + min(int(threadIdx.x) / 32, heads - 1);
+    weighed = kThreads / 32 - 1 - int(threadIdx.x) / 32;
+    const int h = d.first_head + (has_row ? k : 0), hw = d.first_head + min(weighed, heads - 1);
     x_now = z_now = Act{};
     if (has_row) {
       x_now = load_one(static_cast<const Act*>(p.x) + d.row * p.x_stride_batch + h * p.x_stride_head + i);
@@ -265,8 +267,8 @@ template <typename Act, typename Ly> struct CtaWindow {
   __device__ __forceinline__ Act* x_hist(const ReplayParams& p, int64_t slot) const {  // (L) of this row
     return static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + (d.first_head + k) * p.xc_stride_head + i;
   }
-  __device__ __forceinline__ float* dt_hist(const ReplayParams& p, int64_t slot) const {  // (L) of head `warp`
-    return p.dt_cache + slot * p.dtc_stride_slot + (d.first_head + int(threadIdx.x) / 32) * p.dtc_stride_head;
+  __device__ __forceinline__ float* dt_hist(const ReplayParams& p, int64_t slot) const {  // (L) of head `weighed`
+    return p.dt_cache + slot * p.dtc_stride_slot + (d.first_head + weighed) * p.dtc_stride_head;
   }
 
   // Every cached position but the last (whose token would be this step's), before the cursor is known.
@@ -274,7 +276,7 @@ template <typename Act, typename Ly> struct CtaWindow {
     const int cached = int(p.buffer_len) - 1, lane = int(threadIdx.x) % Ly::kLanes;
     const int row_group = int(threadIdx.x) / Ly::kLanes;
     raw_dt[0] = raw_dt[1] = 0.f;
-    if (int(threadIdx.x) / 32 < heads) {
+    if (weighed < heads) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = int(threadIdx.x) % 32 + 32 * half;
@@ -294,21 +296,26 @@ template <typename Act, typename Ly> struct CtaWindow {
     }
   }
 
-  // The window of a non-flush row (cursor < L - 1): weights and decay, B_j . C, the history
-  // coefficients, this thread's history sum and gate; this step's raw dt, B and x appended at the
+  // The window of a non-flush row (cursor < L - 1): weights and decay, B_j . C, then (one CTA
+  // barrier) this thread's history sum and gate; this step's raw dt, B and x appended at the
   // cursor (the raw dt and B by the CTAs of the head's, and the group's, first rows).
   __device__ __forceinline__ void form(const ReplayParams& p, int64_t slot, int cursor,
                                        const float (&c)[Ly::kVecsPerLane][Ly::kVec]) {
     const int count = cursor + 1, lane = int(threadIdx.x) % Ly::kLanes, row_group = int(threadIdx.x) / Ly::kLanes;
-    const int warp = int(threadIdx.x) / 32;
-    if (warp < heads) {
+    if (weighed < heads) {
+      const int lane32 = int(threadIdx.x) % 32;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        if (int(threadIdx.x) % 32 + 32 * half == cursor) raw_dt[half] = widen(raw_now);
+        if (lane32 + 32 * half == cursor) raw_dt[half] = widen(raw_now);
       float dt[2];
       window_dt(raw_dt, cursor, widen(bias), p.dt_softplus, dt);
-      window_weights(dt, 0, cursor, widen(A), coef + warp * kMaxBufferLen, decay + warp);
-      if (threadIdx.x % 32 == 0 && d.first == 0) dt_hist(p, slot)[cursor] = widen(raw_now);
+      float* w = weights + weighed * kMaxBufferLen;
+      if (count <= 16)  // a shorter scan, the same sums
+        window_weights_16(dt[0], 0, count, widen(A), lane32 < 16 ? w : nullptr,
+                          lane32 < 16 ? decay + weighed : nullptr);
+      else
+        window_weights(dt, 0, cursor, widen(A), w, decay + weighed);
+      if (lane32 == 0 && d.first == 0) dt_hist(p, slot)[cursor] = widen(raw_now);
     }
     float sums[kEarlyRounds];
 #pragma unroll
@@ -347,22 +354,18 @@ template <typename Act, typename Ly> struct CtaWindow {
       for (int v = 0; v < Ly::kVecsPerLane; ++v) store_pack(B_at_cursor + first_element<Ly>(v, lane), b_now[v]);
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < heads * count; e += kThreads) {
-      const int kq = e / count, j = e - kq * count;
-      coef[kq * kMaxBufferLen + j] *= bc[j];
-    }
-    __syncthreads();
     hist = 0.f;
     gate = 1.f;
     if (has_row) {
-      const float* a = coef + k * kMaxBufferLen;
+      const float* w = weights + k * kMaxBufferLen;
       Act* x = x_hist(p, slot);
 #pragma unroll
       for (int u = 0; u < kEarlyX; ++u)
-        if (u < cursor) hist = fmaf(a[u], to_float(x_early[u]), hist);
-      for (int j = kEarlyX; j < cursor; ++j) hist = fmaf(a[j], to_float(load_one(x + j * p.xc_stride_pos)), hist);
+        if (u < cursor) hist = fmaf(w[u] * bc[u], to_float(x_early[u]), hist);
+      for (int j = kEarlyX; j < cursor; ++j)
+        hist = fmaf(w[j] * bc[j], to_float(load_one(x + j * p.xc_stride_pos)), hist);
       const float now = to_float(x_now);
-      hist = fmaf(widen(D), now, fmaf(a[cursor], now, hist));
+      hist = fmaf(widen(D), now, fmaf(w[cursor] * bc[cursor], now, hist));
       if (p.z) gate = silu(to_float(z_now));
       x[cursor * p.xc_stride_pos] = x_now;
     }
@@ -421,16 +424,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   const int cursor = load_one(p.cursors + slot * p.cursors_stride);
   if constexpr (kWindow) window.load_history(p, slot);
   if (cursor < 0 || cursor >= int(p.buffer_len)) return;
+  S* state = static_cast<S*>(p.state) + slot * p.state_stride_slot + first_head * p.state_stride_head +
+             first * p.state_stride_p;
   if (cursor == int(p.buffer_len) - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
     if constexpr (!CheckpointFormat<S>::kScaled)
       if (part_rows > 0)
-        flush_heads<S, Act, kKind, kTensorFold>(p, d, slot, heads_per_cta, tile_rows, part_rows, smem, kWindow);
+        flush_heads<S, Act, kKind, kTensorFold>(p, d, slot, state, heads_per_cta, tile_rows, part_rows, smem,
+                                                kWindow);
     return;
   }
-  const S* state = static_cast<const S*>(p.state) + slot * p.state_stride_slot +
-                   first_head * p.state_stride_head + first * p.state_stride_p;
-  start_heads_tile_load(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N, barrier,
-                        L2Hint::kEvictFirst, kWindow);
+  start_heads_tile_load<true>(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N,
+                              barrier, L2Hint::kEvictFirst, kWindow);
   float c[Ly::kVecsPerLane][Ly::kVec];
   widen_slice<Ly>(c_packs, c);
   if constexpr (CheckpointFormat<S>::kScaled) {
