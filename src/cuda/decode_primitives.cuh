@@ -738,8 +738,8 @@ __device__ __forceinline__ void stored_slice(const Act* row, int lane, float (&o
 // (start_heads_tile_load from row 0) and waited for them; each later part lands where the one
 // before was, while that one's last batch of rows folds from registers. Then, per batch of
 // folded rows, finished(s, first, next, batch): the part is the tile rows [first, next), and s[k]
-// is its row chunk_row(batch, k, group) (none past next). kOneCopy: the parts' copies'
-// (start_heads_tile_load).
+// is its row chunk_row(batch, k, group) (none past next). kOneCopy: start_heads_tile_load's, for
+// the later parts' copies.
 template <typename S, typename Ly, bool kOneCopy = false, typename Act, typename Finished>
 __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stride_head, int64_t stride_p, int rows,
                                                  int tile_rows, int part_rows, int N, uint64_t* barrier,
