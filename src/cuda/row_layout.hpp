@@ -49,7 +49,7 @@ constexpr int64_t dot_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim,
   return kTileOffset + tile_bytes(heads * rows, state_dim, state_bytes) + heads * rows * 4;
 }
 // The dot kernel as the one kernel of a small call (CtaWindow) also holds, after those bytes, its
-// heads' window coefficients and decays and the window's B_j . C; warp k weighs head k (at most
+// heads' window weights and decays and the window's B_j . C; a warp weighs each head (at most
 // kThreads / 32 heads; one_kernel_dot_shape gives one).
 constexpr int64_t dot_window_smem_bytes(int64_t heads, int64_t rows, int64_t state_dim, int64_t state_bytes) {
   return dot_smem_bytes(heads, rows, state_dim, state_bytes) + (heads * (kMaxBufferLen + 1) + kMaxBufferLen) * 4;
