@@ -167,6 +167,13 @@ template <typename T, int K> __device__ __forceinline__ void copy_pack_async(Pac
 // This thread's asynchronous copies have landed and are visible to it.
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// The bytes of dynamic shared memory the CTA was launched with.
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+  uint32_t bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes;
+}
+
 // Programmatic dependent launch (sm_90): each kernel of the split path after the first is launched
 // while the one before still runs. Both are no-ops in a kernel launched without the attribute.
 __device__ __forceinline__ void allow_dependent_launch() {

@@ -15,18 +15,29 @@ constexpr int64_t kMaxGridRows = 65535;  // batch rows run along the grid's y ax
 
 int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
+// An attribute of the current device, read once per device into `cached`.
+int device_attribute(cudaDeviceAttr attribute, std::atomic<int> (&cached)[kMaxDevices]) {
+  int device = 0;
+  REPLAYSSM_CUDA_CHECK(cudaGetDevice(&device));
+  int value = device < kMaxDevices ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (value == 0) {
+    REPLAYSSM_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+    if (device < kMaxDevices) cached[device].store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
 }  // namespace
 
 int sm_count() {
   static std::atomic<int> cached[kMaxDevices];
-  int device = 0;
-  REPLAYSSM_CUDA_CHECK(cudaGetDevice(&device));
-  int count = device < kMaxDevices ? cached[device].load(std::memory_order_relaxed) : 0;
-  if (count == 0) {
-    REPLAYSSM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    if (device < kMaxDevices) cached[device].store(count, std::memory_order_relaxed);
-  }
-  return count;
+  return device_attribute(cudaDevAttrMultiProcessorCount, cached);
+}
+
+int64_t shared_bytes_per_cta(int ctas_per_sm) {
+  static std::atomic<int> per_sm[kMaxDevices], reserved[kMaxDevices];
+  return device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, per_sm) / ctas_per_sm -
+         device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, reserved);
 }
 
 bool aligned(const void* ptr, int64_t element_bytes, int64_t alignment,

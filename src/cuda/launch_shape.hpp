@@ -2,6 +2,7 @@
 // the row layout of the state and the head_dim rows per CTA. Host code.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -14,6 +15,9 @@ namespace replayssm::cuda {
 
 // Multiprocessors of the current device (cached per device).
 int sm_count();
+// Shared memory (bytes) each of ctas_per_sm CTAs an SM can take on the current device: the SM's
+// shared memory shared out, less what the driver reserves for each CTA (cached per device).
+int64_t shared_bytes_per_cta(int ctas_per_sm);
 
 // True when `ptr` and every stride (in elements of `element_bytes`) keep `alignment`-byte accesses
 // aligned.
@@ -67,8 +71,8 @@ inline int64_t dot_ctas_per_row(const Mamba2Params& p, const DotShape& dot) {
   return p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows);
 }
 
-// Tile rows a flush row's CTA of the standard-decode dot kernel can fold at a time (flush_heads:
-// its window of L + 1 staged rows beside the tile), or 0 where they do not fit.
+// Tile rows a flush row's CTA of the split path's standard-decode dot kernel can fold at a time
+// (flush_heads: its window of L + 1 staged rows within the tile's bytes), or 0 where they do not fit.
 inline int dot_fold_part_rows(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
                               const RowLayout& layout) {
   return int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, state_bytes, p.buffer_len + 1,
@@ -95,6 +99,31 @@ inline DotShape one_kernel_dot_shape(const Mamba2Params& p, int64_t state_bytes,
   return dot.heads == 1 ? dot : DotShape{1, int(p.head_dim)};
 }
 
+// The shared memory of the dot kernel as a call's one kernel, and the tile rows its flush rows'
+// CTAs fold at a time (part_rows; 0 where not even one batch of rows fits). A flush row's window
+// is staged at the end of the CTA's shared memory, past its first tile part, and the CTA may take
+// more than its tile and window sums (dot_window_smem_bytes), up to the share of the SM that
+// kMinCtasPerSm CTAs leave each (their registers allow no more): so a 16-bit head of 64 x 128
+// lands whole beside a window of up to ~50 tokens, and in two parts beside one of 64.
+struct OneKernelSmem {
+  int part_rows;
+  int64_t bytes;
+};
+inline OneKernelSmem one_kernel_smem(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
+                                     const RowLayout& layout) {
+  const int64_t tile_rows = int64_t(dot.heads) * dot.rows;
+  const int64_t least = dot_window_smem_bytes(dot.heads, dot.rows, p.state_dim, state_bytes);
+  const int64_t most = std::max(least, shared_bytes_per_cta(kMinCtasPerSm));
+  const int64_t window =
+      dot_flush_window_bytes(dot.heads, tile_rows, p.state_dim, p.buffer_len + 1, dtype_size(p.act_dtype));
+  const int64_t room = most - kTileOffset - window;
+  const int64_t part = room > 0 ? std::min(tile_rows, room / (p.state_dim * state_bytes)) / layout.batch_rows *
+                                      layout.batch_rows
+                                : 0;
+  if (part == 0) return {0, least};
+  return {int(part), std::max(least, kTileOffset + tile_bytes(part, p.state_dim, state_bytes) + window)};
+}
+
 // CTAs of the dot kernel as a call's one kernel (checkpoint_dot_kernel with kWindow: its CTAs also
 // do their rows' window work), or 0 where it cannot be: it takes the output-only route rounded to
 // nearest, a 2- or 4-byte state on a vectorised layout, a thread for each tile row, and room for
@@ -107,7 +136,7 @@ inline int64_t dot_window_ctas(const ReplayParams& p, RowLayoutKind kind) {
     return 0;
   const RowLayout layout = make_row_layout(int(s), kind);
   const DotShape dot = one_kernel_dot_shape(p, s, layout);
-  const bool fits = dot.rows <= kThreads && dot_fold_part_rows(p, s, dot, layout) > 0;
+  const bool fits = dot.rows <= kThreads && one_kernel_smem(p, s, dot, layout).part_rows > 0;
   return fits ? dot_ctas_per_row(p, dot) * p.batch : 0;
 }
 

@@ -17,10 +17,6 @@
 
 namespace replayssm::cuda {
 
-// Registers are capped so that this many CTAs fit an SM (80 registers a thread): about as many as
-// the shared memory of a whole-head fp32 tile allows.
-constexpr int kMinCtasPerSm = 6;
-
 // The baseline's CTAs an SM: a 16-bit head's 16 KiB tile leaves room for seven, which keep more
 // of the state in flight (bf16, batch 128: 87% -> 89% of copy bandwidth); rows of 256 values need
 // the registers of six (they spill under seven's cap).
@@ -104,9 +100,9 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 // tokens (the last one this step's) into the checkpoint rows of its heads,
 //   S_i = decay S0_i + sum_j weight_j x_j[i] B_j,
 // stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The
-// window is staged, as stored, at the end of the tile's shared memory (capacity tile rows; see
-// dot_flush_window_bytes: C and B, x and z make L + 1 rows each) while the first part_rows tile
-// rows land; fold_staged_tile (on the tensor cores where kTensorFold) folds the tile part by part.
+// window is staged, as stored, at the end of the CTA's shared memory (16-byte aligned), past the
+// tile's first part_rows rows (x and z of capacity tile rows; see dot_flush_window_bytes: C and B, x and z make
+// L + 1 rows each) while those rows land; fold_staged_tile (on the tensor cores where kTensorFold) folds the tile part by part.
 // state: the CTA's first checkpoint row (head d.first_head, row d.first of the slot).
 template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, S* state,
@@ -117,10 +113,9 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
   const int N = int(p.state_dim), L = int(p.buffer_len), rows = d.rows, tile_rows = heads * rows;
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes, warp = threadIdx.x / 32;
-  const int64_t tile_end = kTileOffset + tile_bytes(capacity, N, sizeof(S));
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);
-  float* weights = reinterpret_cast<float*>(
-      smem + tile_end - dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act)));  // (heads, kMaxBufferLen)
+  const uint32_t window_bytes = uint32_t(dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act)));
+  float* weights = reinterpret_cast<float*>(smem + ((dynamic_smem_bytes() - window_bytes) & ~15u));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
   Act* C_s = reinterpret_cast<Act*>(head_s + heads * 4);
   const int n_pitch = int(dot_flush_n_pitch(N, sizeof(Act)));

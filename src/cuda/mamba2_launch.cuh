@@ -64,18 +64,17 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   if (!p.workspace && one_kernel_is_dot_kernel(p, layout)) {  // one kernel: the dot kernel with the window
     if constexpr (!CheckpointFormat<S>::kScaled) {
       const DotShape dot = one_kernel_dot_shape(p, sizeof(S), shape);
-      const int64_t smem = dot_window_smem_bytes(dot.heads, dot.rows, p.state_dim, sizeof(S));
+      const OneKernelSmem smem = one_kernel_smem(p, sizeof(S), dot, shape);
       config.gridDim = dim3(unsigned(dot_ctas_per_row(p, dot)), unsigned(p.batch));
-      config.dynamicSmemBytes = size_t(smem);
-      const int part_rows = dot_fold_part_rows(p, sizeof(S), dot, shape);
+      config.dynamicSmemBytes = size_t(smem.bytes);
       by_layout([&](auto kind) {
         constexpr RowLayoutKind k = decltype(kind)::value;
         if constexpr (k == RowLayoutKind::kN64 || k == RowLayoutKind::kN128) {
           auto kernel = checkpoint_dot_kernel<S, Act, k, false, true>;
           if constexpr (kTensorCoreFold<S, Act, Layout<S, k>>)
             if (p.buffer_len > kTensorFoldMinTokens) kernel = checkpoint_dot_kernel<S, Act, k, true, true>;
-          allow_smem(kernel, smem);
-          REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, part_rows));
+          allow_smem(kernel, smem.bytes);
+          REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, smem.part_rows));
         }
       });
       return;

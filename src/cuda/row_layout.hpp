@@ -13,6 +13,9 @@ constexpr int kMaxRowsPerCta = 128;  // at most kThreads: the replay gives each 
 static_assert(kMaxRowsPerCta <= kThreads, "one thread per chunk row");
 constexpr int kMaxBufferLen = 64;
 constexpr int64_t kMaxSharedBytes = 48 * 1024;  // the default limit of dynamic shared memory
+// The replay's decode and dot kernels cap their registers so that this many CTAs fit an SM (80
+// registers a thread): about as many as the shared memory of a whole-head fp32 tile allows.
+constexpr int kMinCtasPerSm = 6;
 
 // Shared memory of a decode CTA: an mbarrier, then the chunk's state tile (rows_per_cta x N
 // elements of the state type, 16-byte aligned for the bulk copy engine), then floats: for the
@@ -55,8 +58,8 @@ constexpr int64_t dot_window_smem_bytes(int64_t heads, int64_t rows, int64_t sta
   return dot_smem_bytes(heads, rows, state_dim, state_bytes) + (heads * (kMaxBufferLen + 1) + kMaxBufferLen) * 4;
 }
 
-// A flush row's CTA in a split path's dot kernel stages its window at the end of its tile's bytes,
-// in 16-byte pieces: each head's weights (kMaxBufferLen floats) and four floats (its decay first),
+// A flush row's CTA in a dot kernel stages its window at the end of its shared memory, past its
+// tile's first part (the rows it folds at a time), in 16-byte pieces: each head's weights (kMaxBufferLen floats) and four floats (its decay first),
 // then, as stored, `staged_rows` rows of N values (B of each token, and C in standard decode; pitch
 // dot_flush_n_pitch) and as many rows of the CTA's tile rows (x of each token, and z in standard
 // decode; pitch dot_flush_x_pitch).
@@ -74,8 +77,9 @@ constexpr int64_t dot_flush_window_bytes(int64_t heads, int64_t tile_rows, int64
   return heads * (kMaxBufferLen + 4) * 4 + staged_rows * dot_flush_n_pitch(state_dim, act_bytes) * act_bytes +
          staged_rows * round16(tile_rows * act_bytes);
 }
-// The tile rows such a CTA folds at a time (the window takes the rest of the tile's bytes): whole
-// batches of rows, 0 when not even one fits.
+// The tile rows such a CTA of the split path folds at a time (the window takes the rest of the
+// tile's bytes): whole batches of rows, 0 when not even one fits. The one kernel's may take more
+// shared memory (one_kernel_smem).
 constexpr int64_t dot_flush_part_rows(int64_t heads, int64_t rows, int64_t state_dim, int64_t state_bytes,
                                       int64_t staged_rows, int64_t act_bytes, int64_t batch_rows) {
   const int64_t room = tile_bytes(heads * rows, state_dim, state_bytes) -
