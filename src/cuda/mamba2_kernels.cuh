@@ -96,13 +96,14 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
   }
 }
 
-// A flush row's CTA of the split path's dot kernel (fp32 and 16-bit states): folds the window of L
-// tokens (the last one this step's) into the checkpoint rows of its heads,
+// A flush row's CTA of a dot kernel (fp32 and 16-bit states): folds the window of L tokens (the
+// last one this step's) into the checkpoint rows of its heads,
 //   S_i = decay S0_i + sum_j weight_j x_j[i] B_j,
-// stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The
-// window is staged, as stored, at the end of the CTA's shared memory (16-byte aligned), past the
-// tile's first part_rows rows (x and z of capacity tile rows; see dot_flush_window_bytes: C and B, x and z make
-// L + 1 rows each) while those rows land; fold_staged_tile (on the tensor cores where kTensorFold) folds the tile part by part.
+// stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The window is
+// staged, as stored, at the end of the CTA's shared memory (16-byte aligned), past the tile's
+// first part_rows rows (x and z of capacity tile rows; see dot_flush_window_bytes: C and B, x and
+// z make L + 1 rows each) while those rows land; fold_staged_tile (on the tensor cores where
+// kTensorFold) folds the tile part by part.
 // state: the CTA's first checkpoint row (head d.first_head, row d.first of the slot).
 template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, S* state,
@@ -115,7 +116,8 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes, warp = threadIdx.x / 32;
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);
   const uint32_t window_bytes = uint32_t(dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act)));
-  float* weights = reinterpret_cast<float*>(smem + ((dynamic_smem_bytes() - window_bytes) & ~15u));  // (heads, kMaxBufferLen)
+  float* weights =
+      reinterpret_cast<float*>(smem + ((dynamic_smem_bytes() - window_bytes) & ~15u));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
   Act* C_s = reinterpret_cast<Act*>(head_s + heads * 4);
   const int n_pitch = int(dot_flush_n_pitch(N, sizeof(Act)));
