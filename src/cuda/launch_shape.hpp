@@ -71,14 +71,6 @@ inline int64_t dot_ctas_per_row(const Mamba2Params& p, const DotShape& dot) {
   return p.nheads / dot.heads * ((p.head_dim + dot.rows - 1) / dot.rows);
 }
 
-// Tile rows a flush row's CTA of the split path's standard-decode dot kernel can fold at a time
-// (flush_heads: its window of L + 1 staged rows within the tile's bytes), or 0 where they do not fit.
-inline int dot_fold_part_rows(const ReplayParams& p, int64_t state_bytes, const DotShape& dot,
-                              const RowLayout& layout) {
-  return int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, state_bytes, p.buffer_len + 1,
-                                 dtype_size(p.act_dtype), layout.batch_rows));
-}
-
 // Tile rows a flush row's CTA of the standard-decode dot kernel folds at a time (flush_heads), or 0
 // where the flush kernel takes the flush rows instead. Folding them in the dot kernel was measured
 // faster for a 4-byte state at every batch, for a 2-byte state (twice the values a tile to fold)
@@ -89,7 +81,9 @@ inline int dot_flush_part_rows_for(const ReplayParams& p, int64_t state_bytes, c
                                    const RowLayout& layout) {
   const int64_t ctas = dot_ctas_per_row(p, dot) * p.batch;
   const bool in_dot = state_bytes == 4 || (state_bytes == 2 && ctas >= kDotFlushMinCtasPerSm * sm_count());
-  return in_dot ? dot_fold_part_rows(p, state_bytes, dot, layout) : 0;
+  return in_dot ? int(dot_flush_part_rows(dot.heads, dot.rows, p.state_dim, state_bytes, p.buffer_len + 1,
+                                          dtype_size(p.act_dtype), layout.batch_rows))
+                : 0;
 }
 
 // The tile of the dot kernel as a call's one kernel: a head's rows (or a chunk of them), never
