@@ -220,8 +220,8 @@ std::vector<RolloutConfig> wide_batch_cases() {
 // (one_kernel_is_dot_kernel: from one of its CTAs an SM, a CTA a head; 24 rows of 8 heads or 4 of
 // 64 or 80 make 192 to 320 CTAs, more than the 132 SMs of an H100 or H200 and fewer than 8 an SM),
 // over both state dims it takes, L from 1 to 64 (the tensor-core fold past 16 tokens), every dtype
-// it takes, and 16-bit heads of 64 x 128 whose flush rows fold the tile whole (L = 40) or in two
-// parts (L = 64) beside their window (one_kernel_smem): CUDA only.
+// it takes, and heads of 64 x 128 whose flush rows fold the tile whole (16-bit, L = 40) or in two
+// parts (16-bit and fp32, L = 64: five CTAs an SM) beside their window (one_kernel_smem): CUDA only.
 std::vector<RolloutConfig> dot_window_cases() {
   std::vector<RolloutConfig> cases;
   for (auto [geometry, L, route, state, act] :
@@ -232,7 +232,8 @@ std::vector<RolloutConfig> dot_window_cases() {
         std::tuple{kOneHeadGroups, 33, Route::kAuto, DT::kFloat32, DT::kBFloat16},
         std::tuple{kOneHeadGroups, 2, Route::kOutputOnly, DT::kFloat16, DT::kFloat32},
         std::tuple{kMamba2_2p7b, 40, Route::kOutputOnly, DT::kBFloat16, DT::kBFloat16},
-        std::tuple{kMamba2_2p7b, 64, Route::kAuto, DT::kFloat16, DT::kBFloat16}}) {
+        std::tuple{kMamba2_2p7b, 64, Route::kAuto, DT::kFloat16, DT::kBFloat16},
+        std::tuple{kMamba2_2p7b, 64, Route::kOutputOnly, DT::kFloat32, DT::kBFloat16}}) {
     RolloutConfig c = config(geometry, L, route, state, act);
     c.backend = Backend::kCuda;
     c.requests = geometry.nheads < 64 ? 24 : 4;

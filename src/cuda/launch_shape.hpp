@@ -98,7 +98,11 @@ inline DotShape one_kernel_dot_shape(const Mamba2Params& p, int64_t state_bytes,
 // is staged at the end of the CTA's shared memory, past its first tile part, and the CTA may take
 // more than its tile and window sums (dot_window_smem_bytes), up to the share of the SM that
 // kMinCtasPerSm CTAs leave each (their registers allow no more): so a 16-bit head of 64 x 128
-// lands whole beside a window of up to ~50 tokens, and in two parts beside one of 64.
+// lands whole beside a window of up to ~50 tokens, and in two parts beside one of 64. Where not
+// even one part fits that share (an fp32 head of 64 x 128 beside a window of 64), the share of
+// kOneKernelFewestCtasPerSm CTAs: one CTA an SM fewer cost an fp32 state's one kernel little at
+// L = 16 (notes/cuda.md, the probe after v41), where the fused kernel it replaces is slower.
+constexpr int kOneKernelFewestCtasPerSm = kMinCtasPerSm - 1;
 struct OneKernelSmem {
   int part_rows;
   int64_t bytes;
@@ -107,15 +111,16 @@ inline OneKernelSmem one_kernel_smem(const ReplayParams& p, int64_t state_bytes,
                                      const RowLayout& layout) {
   const int64_t tile_rows = int64_t(dot.heads) * dot.rows;
   const int64_t least = dot_window_smem_bytes(dot.heads, dot.rows, p.state_dim, state_bytes);
-  const int64_t most = std::max(least, shared_bytes_per_cta(kMinCtasPerSm));
   const int64_t window =
       dot_flush_window_bytes(dot.heads, tile_rows, p.state_dim, p.buffer_len + 1, dtype_size(p.act_dtype));
-  const int64_t room = most - kTileOffset - window;
-  const int64_t part = room > 0 ? std::min(tile_rows, room / (p.state_dim * state_bytes)) / layout.batch_rows *
-                                      layout.batch_rows
-                                : 0;
-  if (part == 0) return {0, least};
-  return {int(part), std::max(least, kTileOffset + tile_bytes(part, p.state_dim, state_bytes) + window)};
+  for (int ctas = kMinCtasPerSm; ctas >= kOneKernelFewestCtasPerSm; --ctas) {
+    const int64_t room = std::max(least, shared_bytes_per_cta(ctas)) - kTileOffset - window;
+    const int64_t part =
+        room > 0 ? std::min(tile_rows, room / (p.state_dim * state_bytes)) / layout.batch_rows * layout.batch_rows : 0;
+    if (part > 0)
+      return {int(part), std::max(least, kTileOffset + tile_bytes(part, p.state_dim, state_bytes) + window)};
+  }
+  return {0, least};
 }
 
 // CTAs of the dot kernel as a call's one kernel (checkpoint_dot_kernel with kWindow: its CTAs also
