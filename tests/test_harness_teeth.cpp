@@ -1,5 +1,6 @@
 // The rollout checks have teeth: a rollout that passes starts failing, under the right check, as
-// soon as one cached value, one checkpoint element or one cursor is corrupted mid-run.
+// soon as one cached value, one checkpoint element or one cursor is corrupted mid-run, or when a
+// call expected on the split path falls back.
 #include <cstdint>
 #include <vector>
 
@@ -80,6 +81,26 @@ TEST_P(HarnessTeethTest, AMovedCursorIsReported) {
   rollout.step();
   EXPECT_GT(rollout.report().failure_count(Check::kCursor), 0) << rollout.report().summary();
   EXPECT_GT(rollout.report().failure_count(Check::kCache), 0) << rollout.report().summary();
+}
+
+// A call that falls back from the split path to the single kernel (here: the state-and-output
+// route, which the split path does not take) is reported where the split path was expected.
+TEST(HarnessTeeth, ACallOffTheSplitPathIsReported) {
+  REPLAYSSM_SKIP_IF_UNAVAILABLE(Backend::kCuda);
+  RolloutConfig c;
+  c.backend = Backend::kCuda;
+  c.geometry = kVectorisedN64;
+  c.buffer_len = 7;
+  c.route = ReplayRoute::kStateAndOutput;
+  c.act_dtype = DType::kBFloat16;
+  c.workspace = c.expect_split_path = true;
+  Rollout rollout(c);
+  rollout.run();
+  EXPECT_EQ(rollout.report().failure_count(Check::kSplitPathNotTaken), 1) << rollout.report().summary();
+  c.route = ReplayRoute::kOutputOnly;
+  Rollout on_the_split_path(c);
+  on_the_split_path.run();
+  EXPECT_TRUE(on_the_split_path.report().passed()) << on_the_split_path.report().summary();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HarnessTeethTest,

@@ -242,6 +242,23 @@ std::vector<RolloutConfig> dot_window_cases() {
   return cases;
 }
 
+// The split path where its flush kernel's window takes more than the default 48 KiB of shared
+// memory (flush_smem_limit): an fp32 and a 16-bit state of N = 128 past L = 46 and 58, a 16-bit
+// one of N = 256 past L = 32; each call must take it (its workspace written): CUDA only.
+std::vector<RolloutConfig> long_buffer_split_cases() {
+  std::vector<RolloutConfig> cases;
+  for (auto [geometry, L, state, act] :
+       {std::tuple{kOneHeadGroups, 64, DT::kFloat32, DT::kBFloat16},
+        std::tuple{kOneHeadGroups, 59, DT::kBFloat16, DT::kFloat16},
+        std::tuple{kVectorisedN256, 40, DT::kBFloat16, DT::kBFloat16}}) {
+    RolloutConfig c = config(geometry, L, Route::kOutputOnly, state, act);
+    c.backend = Backend::kCuda;
+    c.workspace = c.expect_split_path = true;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 class RolloutTest : public ::testing::TestWithParam<RolloutConfig> {};
 
 TEST_P(RolloutTest, MatchesOracle) {
@@ -272,6 +289,7 @@ INSTANTIATE_TEST_SUITE_P(RecycledSlots, RolloutTest, ::testing::ValuesIn(on_ever
                          test_name);
 INSTANTIATE_TEST_SUITE_P(WideBatch, RolloutTest, ::testing::ValuesIn(wide_batch_cases()), test_name);
 INSTANTIATE_TEST_SUITE_P(DotWindow, RolloutTest, ::testing::ValuesIn(dot_window_cases()), test_name);
+INSTANTIATE_TEST_SUITE_P(LongBufferSplit, RolloutTest, ::testing::ValuesIn(long_buffer_split_cases()), test_name);
 
 }  // namespace
 }  // namespace replayssm::test

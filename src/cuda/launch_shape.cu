@@ -40,6 +40,11 @@ int64_t shared_bytes_per_cta(int ctas_per_sm) {
          device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, reserved);
 }
 
+int64_t max_shared_bytes_per_cta() {
+  static std::atomic<int> cached[kMaxDevices];
+  return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cached);
+}
+
 bool aligned(const void* ptr, int64_t element_bytes, int64_t alignment,
              std::initializer_list<int64_t> strides) {
   if (reinterpret_cast<uintptr_t>(ptr) % uintptr_t(alignment) != 0) return false;

@@ -18,6 +18,9 @@ int sm_count();
 // Shared memory (bytes) each of ctas_per_sm CTAs an SM can take on the current device: the SM's
 // shared memory shared out, less what the driver reserves for each CTA (cached per device).
 int64_t shared_bytes_per_cta(int ctas_per_sm);
+// The most shared memory (bytes, static and dynamic) one CTA can opt in to on the current device
+// (cached per device).
+int64_t max_shared_bytes_per_cta();
 
 // True when `ptr` and every stride (in elements of `element_bytes`) keep `alignment`-byte accesses
 // aligned.

@@ -2,6 +2,7 @@
 // the dtypes, and runs the cursor kernels.
 #include "cuda/mamba2_cuda.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -78,10 +79,21 @@ void launch(const Params& p, RowLayoutKind kind, int rows_per_cta, int flush_row
   }
 }
 
+// The shared memory (static and dynamic) of the split path's flush kernel: the default 48 KiB
+// wherever a batch of rows fits it, as measured; past that (long buffers: its window's widened B
+// alone is L x N floats, so an fp32 N = 128 state past L = 46), what a batch of rows needs.
+int64_t flush_smem_limit(const ReplayParams& p, RowLayoutKind kind) {
+  const int64_t s = dtype_size(p.state_dtype);
+  const RowLayout l = make_row_layout(int(s), kind);
+  return std::max(kMaxSharedBytes,
+                  flush_smem_bytes(l.batch_rows, p.state_dim, s, p.buffer_len, l.lanes) + kFlushStaticBytes);
+}
+
 // The split path needs the caller's workspace and the output-only route (the state-and-output
 // route forms every row's state anyway); it is compiled for the vectorised layouts and for
 // rounding to nearest, its window kernel moves x, z, the cached x and the outputs in packs of
-// window_rows_per_thread() head_dim rows, and its flush kernel's window must fit shared memory.
+// window_rows_per_thread() head_dim rows, and its flush kernel's window must fit the device's
+// shared memory.
 bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_cta,
                         const LaunchConfig& config) {
   const WindowKernel choice = config.window_kernel < 0 ? p.window_kernel
@@ -103,10 +115,8 @@ bool uses_window_kernel(const ReplayParams& p, RowLayoutKind kind, int rows_per_
                       (!p.z || aligned(p.z, a, pack, {p.z_stride_batch, p.z_stride_head})) &&
                       aligned(p.out, a, pack, {p.out_stride_batch, p.out_stride_head}) &&
                       aligned(p.x_cache, a, pack, {p.xc_stride_slot, p.xc_stride_head, p.xc_stride_pos});
-  const RowLayout l = make_row_layout(int(dtype_size(p.state_dtype)), kind);
   return packed && window_heads(p.heads_per_group, p.head_dim, rows) > 0 &&
-         flush_smem_bytes(l.batch_rows, p.state_dim, dtype_size(p.state_dtype), p.buffer_len,
-                          l.lanes) + kFlushStaticBytes <= kMaxSharedBytes;
+         flush_smem_limit(p, kind) <= max_shared_bytes_per_cta();
 }
 
 // Stochastic rounding: each flush row counts its flush once every head of the row has drawn its
@@ -170,7 +180,7 @@ void replay_decode(const ReplayParams& p, const LaunchConfig& config, void* stre
   if (uses_window_kernel(p, kind, rows, config)) {
     const int64_t s = dtype_size(p.state_dtype);
     const int lanes = make_row_layout(int(s), kind).lanes;
-    flush_rows = rows_per_cta_for(p, kind, rows, 0, kMaxSharedBytes - kFlushStaticBytes, [&](int64_t r) {
+    flush_rows = rows_per_cta_for(p, kind, rows, 0, flush_smem_limit(p, kind) - kFlushStaticBytes, [&](int64_t r) {
       return flush_smem_bytes(r, p.state_dim, s, p.buffer_len, lanes);
     });
   } else {

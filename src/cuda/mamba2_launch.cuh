@@ -141,10 +141,11 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   config.dynamicSmemBytes =
       size_t(flush_smem_bytes(flush_rows_per_cta, p.state_dim, sizeof(S), p.buffer_len, shape.lanes));
   by_layout([&](auto kind) {
-    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric)
-      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(
-          &config, replay_flush_kernel<S, Act, decltype(kind)::value>, p,
-          flush_rows_per_cta, output_only));
+    if constexpr (decltype(kind)::value != RowLayoutKind::kGeneric) {
+      const auto kernel = replay_flush_kernel<S, Act, decltype(kind)::value>;
+      allow_smem(kernel, int64_t(config.dynamicSmemBytes), kFlushStaticBytes);
+      REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, flush_rows_per_cta, output_only));
+    }
   });
 }
 

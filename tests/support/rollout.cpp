@@ -41,6 +41,8 @@ double relative_rounding(DType checkpoint, bool stochastic) {
 }
 
 constexpr size_t kMaxMessages = 12;
+// What a workspace holds before its first call (check_split_path).
+constexpr uint8_t kWorkspaceFill = 0xa5;
 
 std::string index_string(const std::vector<int64_t>& shape, int64_t flat) {
   std::vector<int64_t> idx(shape.size());
@@ -127,6 +129,7 @@ const char* check_name(Check check) {
     case Check::kCursor: return "cursors";
     case Check::kBaselineStateTouched: return "baseline touched an unused slot";
     case Check::kFlushCounts: return "flush counts";
+    case Check::kSplitPathNotTaken: return "split path not taken";
     case Check::kCount: break;
   }
   return "unknown";
@@ -195,7 +198,10 @@ Rollout::Rollout(const RolloutConfig& config)
   const DType act = config.act_dtype, state = config.state_dtype;
   const int64_t act_size = dtype_size(act);
   checkpoint_ = Buffer(device_, size_t(slots_ * H_ * P_ * N_ * dtype_size(state)));
-  if (config.workspace) workspace_ = Buffer(device_, size_t(replay_decode_workspace_bytes(batch_, H_, P_)));
+  if (config.workspace) {
+    workspace_ = Buffer(device_, size_t(replay_decode_workspace_bytes(batch_, H_, P_)));
+    workspace_.upload(std::vector<uint8_t>(workspace_.bytes(), kWorkspaceFill));
+  }
   if (has_baseline()) baseline_state_ = Buffer(device_, checkpoint_.bytes());
   if (is_scaled_checkpoint(state)) checkpoint_scale_ = Buffer(device_, size_t(slots_ * H_ * P_ * 4));
   if (config.stochastic_rounding) {
@@ -456,6 +462,7 @@ Mamba2Step Rollout::step_for_oracle(StepInputs& in, HostTensor& out) {
 void Rollout::run() {
   while (!done()) step();
   check_rollout_error();
+  check_split_path();
 }
 
 void Rollout::step() {
@@ -695,6 +702,14 @@ void Rollout::check_rollout_error() {
   os << "max replay output error over the rollout " << report_.max_replay_error
      << " > 2 x the baseline's " << report_.max_baseline_error;
   report_.fail(Check::kOutputError, os.str());
+}
+
+// Only the split path writes the workspace (its dot kernel's dots for the window kernel).
+void Rollout::check_split_path() {
+  if (!config_.expect_split_path) return;
+  const std::vector<uint8_t> bytes = workspace_.download();
+  if (std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == kWorkspaceFill; }))
+    report_.fail(Check::kSplitPathNotTaken, "no call wrote its workspace: the calls fell back to the single kernel");
 }
 
 void Rollout::check_caches() {

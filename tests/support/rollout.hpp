@@ -57,6 +57,7 @@ struct RolloutConfig {
   bool A_per_element = false;   // A as (H, P, N) with zero strides
   bool packed_xbc = false;      // x, B, C: column slices of one (batch, H*P + 2*G*N) buffer
   bool workspace = false;       // CUDA: a workspace and WindowKernel::kSeparate (the split path)
+  bool expect_split_path = false;  // with workspace: the call must take the split path (write it)
   SlotMapping mapping = SlotMapping::kShuffled;
   int64_t requests = 4;       // rows that carry a request
   int64_t pad_rows = 1;       // rows that are always padding (kShuffled only)
@@ -84,6 +85,7 @@ enum class Check : int {
   kCursor,                // cursors differ from the expected values
   kBaselineStateTouched,  // the baseline wrote the state of a slot no row used
   kFlushCounts,           // flush_counts differ from the flushes of each slot
+  kSplitPathNotTaken,     // expect_split_path, and the workspace was never written
   kCount,
 };
 
@@ -159,6 +161,7 @@ class Rollout {
   void check_flush_counts(const StepInputs& in, const std::vector<bool>& flushes);
   void check_cursors();
   void check_rollout_error();
+  void check_split_path();
   void check_baseline_state(const StepInputs& in, const HostTensor& before, const HostTensor& after);
 
   RolloutConfig config_;
