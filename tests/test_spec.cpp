@@ -92,6 +92,18 @@ std::vector<SpecRolloutConfig> split_cases() {
   return c;
 }
 
+// A wide state's long buffer, whose verify CTAs need more than kSpecMaxSharedBytes (N = 256, L =
+// 64: the window's widened B alone is 64 KiB), on the fused kernel and on the split path: CUDA only.
+std::vector<SpecRolloutConfig> long_buffer_cases() {
+  std::vector<SpecRolloutConfig> c;
+  for (bool workspace : {false, true}) {
+    c.push_back(config(kVectorisedN256, 8, 64, DT::kFloat32, DT::kBFloat16, Acceptance::kMixed));
+    c.back().backend = Backend::kCuda;
+    c.back().workspace = workspace;
+  }
+  return c;
+}
+
 std::vector<SpecRolloutConfig> on_backends(const std::vector<SpecRolloutConfig>& cases,
                                            std::vector<Backend> backends) {
   std::vector<SpecRolloutConfig> all;
@@ -146,6 +158,7 @@ INSTANTIATE_TEST_SUITE_P(NemotronH, SpecRolloutTest,
                          ::testing::ValuesIn(on_backends(nemotron_cases(), {Backend::kCpu, Backend::kCuda})),
                          test_name);
 INSTANTIATE_TEST_SUITE_P(Split, SpecRolloutTest, ::testing::ValuesIn(split_cases()), test_name);
+INSTANTIATE_TEST_SUITE_P(LongBuffer, SpecRolloutTest, ::testing::ValuesIn(long_buffer_cases()), test_name);
 
 // The checks have teeth: a clean rollout starts failing, under the right check, as soon as one
 // cached input, one checkpoint element or one ring entry is corrupted mid-run.

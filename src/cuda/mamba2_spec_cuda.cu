@@ -2,6 +2,7 @@
 // decode does), dispatches on the dtypes, and runs the ring kernels.
 #include "cuda/mamba2_spec_cuda.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/check.hpp"
@@ -58,12 +59,22 @@ bool uses_split_path(const SpecVerifyParams& p, RowLayoutKind kind, int rows_per
          aligned(p.B_cache, a, 4 * a, {p.Bc_stride_slot, p.Bc_stride_group, p.Bc_stride_pos});
 }
 
+// The shared memory a verify CTA (the fused kernel, or the split path's flush kernel) keeps to:
+// kSpecMaxSharedBytes, or what a batch of rows needs where that is more (long buffers of wide
+// states: the window's widened B alone is L x N floats, 64 KiB for N = 256 at L = 64), up to the
+// device's opt-in limit (less the flush kernel's static bytes).
+int64_t verify_smem_limit(const SpecVerifyParams& p, RowLayoutKind kind) {
+  const int64_t batch_rows = make_row_layout(int(dtype_size(p.state_dtype)), kind).batch_rows;
+  const int64_t least = spec_verify_smem_bytes(p, kind, batch_rows);
+  return std::min(std::max(kSpecMaxSharedBytes, least), max_shared_bytes_per_cta() - kFlushStaticBytes);
+}
+
 // rows: the fused kernel's rows per CTA; the split path's flush kernel takes whole heads where
 // its shared memory allows.
 template <typename S, typename Act> struct Verify {
   static void run(const SpecVerifyParams& p, RowLayoutKind k, int rows, cudaStream_t s) {
     if (!uses_split_path(p, k, rows)) return launch_spec_verify<S, Act>(p, k, rows, x_slices(p, rows), s);
-    const int flush_rows = rows_per_cta_for(p, k, 0, 0, kSpecMaxSharedBytes, [&](int64_t r) {
+    const int flush_rows = rows_per_cta_for(p, k, 0, 0, verify_smem_limit(p, k), [&](int64_t r) {
       return spec_verify_smem_bytes(p, k, r);
     });
     launch_spec_split<S, Act>(p, k, flush_rows, x_slices(p, flush_rows), s);
@@ -129,7 +140,7 @@ unsigned ring_grid(const SpecRingParams& p) { return unsigned((p.count + kRingTh
 void spec_verify(const SpecVerifyParams& p, void* stream) {
   const ScopedDevice on_device(p.device_index);
   const RowLayoutKind kind = spec_layout(p, &p);
-  const int rows = rows_per_cta_for(p, kind, 0, kTargetCtasPerSm, kSpecMaxSharedBytes, [&](int64_t r) {
+  const int rows = rows_per_cta_for(p, kind, 0, kTargetCtasPerSm, verify_smem_limit(p, kind), [&](int64_t r) {
     return spec_verify_smem_bytes(p, kind, r);
   });
   if (p.batch == 0) return;
