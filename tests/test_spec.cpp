@@ -93,14 +93,16 @@ std::vector<SpecRolloutConfig> split_cases() {
 }
 
 // A wide state's long buffer, whose verify CTAs need more than kSpecMaxSharedBytes (N = 256, L =
-// 64: the window's widened B alone is 64 KiB), on the fused kernel and on the split path: CUDA only.
+// 64: the window's widened B alone is 64 KiB), for an fp32 and a 16-bit state, on the fused kernel
+// and on the split path: CUDA only.
 std::vector<SpecRolloutConfig> long_buffer_cases() {
   std::vector<SpecRolloutConfig> c;
-  for (bool workspace : {false, true}) {
-    c.push_back(config(kVectorisedN256, 8, 64, DT::kFloat32, DT::kBFloat16, Acceptance::kMixed));
-    c.back().backend = Backend::kCuda;
-    c.back().workspace = workspace;
-  }
+  for (DT state : {DT::kFloat32, DT::kBFloat16})
+    for (bool workspace : {false, true}) {
+      c.push_back(config(kVectorisedN256, 8, 64, state, DT::kBFloat16, Acceptance::kMixed));
+      c.back().backend = Backend::kCuda;
+      c.back().workspace = workspace;
+    }
   return c;
 }
 
