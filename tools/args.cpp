@@ -151,4 +151,25 @@ ReplayRoute parse_route(const std::string& flag, const std::string& text) {
   throw UsageError(flag + " expects auto, output-only or state-and-output, got '" + text + "'");
 }
 
+const char* window_kernel_name(WindowKernel choice) {
+  switch (choice) {
+    case WindowKernel::kAuto: return "auto";
+    case WindowKernel::kFused: return "fused";
+    case WindowKernel::kSeparate: return "separate";
+  }
+  return "unknown";
+}
+
+WindowKernel parse_window_kernel(const std::string& flag, const std::string& text) {
+  for (WindowKernel k : {WindowKernel::kAuto, WindowKernel::kFused, WindowKernel::kSeparate})
+    if (text == window_kernel_name(k)) return k;
+  throw UsageError(flag + " expects auto, fused or separate, got '" + text + "'");
+}
+
+void check_window_kernel_device(const std::string& flag, WindowKernel choice, DeviceType device) {
+  if (choice != WindowKernel::kAuto && device != DeviceType::kCuda)
+    throw UsageError(flag + " " + window_kernel_name(choice) + ": only the CUDA backend has more than one path; "
+                     "use --device cuda");
+}
+
 }  // namespace replayssm::tool

@@ -69,4 +69,10 @@ DeviceType parse_device(const std::string& flag, const std::string& text);
 // auto | output-only | state-and-output
 ReplayRoute parse_route(const std::string& flag, const std::string& text);
 
+// The path a CUDA replay given a workspace takes: auto | fused | separate (the Python names).
+WindowKernel parse_window_kernel(const std::string& flag, const std::string& text);
+const char* window_kernel_name(WindowKernel choice);
+// --window-kernel other than auto on a device that has one path only: a usage error.
+void check_window_kernel_device(const std::string& flag, WindowKernel choice, DeviceType device);
+
 }  // namespace replayssm::tool

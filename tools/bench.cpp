@@ -219,6 +219,9 @@ std::vector<Option> bench_options() {
        "dtype; bf16 for int8 and fp8)", ""},
       {"--act-dtype", "T[,T...]", "activation dtypes: fp32, fp16, bf16", "bf16"},
       {"--route", "R", "ReplaySSM route: auto, output-only, state-and-output", "auto"},
+      {"--window-kernel", "K",
+       "with --device cuda, the path of a replay given a workspace: auto, fused (one kernel), "
+       "separate (the split path)", "auto"},
       {"--windows", "N", "timed windows per configuration (the median is reported)", "5"},
       {"--json", "FILE", "also write every result and the machine's description to FILE", ""},
   });
@@ -280,6 +283,7 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
         .key("baseline_state_dtype").string(dtype_short_name(r.config.baseline_state_dtype))
         .key("act_dtype").string(dtype_short_name(r.config.act_dtype))
         .key("route").string(route_name(r.config.route))
+        .key("window_kernel").string(window_kernel_name(r.config.window_kernel))
         .key("layers").integer(r.timing.layers)
         .key("rotated_state_bytes").integer(r.timing.rotated_state_bytes)
         .key("cold_bytes").integer(r.timing.cold_bytes)
@@ -379,6 +383,8 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
     baseline_dtype = parse_baseline_state_dtype("--baseline-state-dtype", args.get("--baseline-state-dtype"));
   const std::vector<DType> act_dtypes = parse_dtype_list("--act-dtype", args.get("--act-dtype"));
   const ReplayRoute route = parse_route("--route", args.get("--route"));
+  const WindowKernel window_kernel = parse_window_kernel("--window-kernel", args.get("--window-kernel"));
+  check_window_kernel_device("--window-kernel", window_kernel, device);
   const int windows = int(parse_int("--windows", args.get("--windows"), 1, 1000));
   const std::string json_path = args.get("--json");
   std::ofstream json_file;
@@ -389,9 +395,9 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
 
   const CopyBandwidth copy = measure_copy_bandwidth(device);
   const MachineInfo machine = machine_info();
-  std::printf("replayssm bench: %s, device %s (%s, %d threads), route %s\n",
+  std::printf("replayssm bench: %s, device %s (%s, %d threads), route %s, window kernel %s\n",
               geometry.describe().c_str(), device_name(device), machine.cpu_model.c_str(),
-              machine.backend_threads, route_name(route));
+              machine.backend_threads, route_name(route), window_kernel_name(window_kernel));
   std::printf("copy bandwidth: %.1f GB/s best, %.1f GB/s median (%d copies of %" PRId64
               " MiB, %d threads, bytes read + written)\n",
               copy.best_bytes_per_s / 1e9, copy.median_bytes_per_s / 1e9, copy.repetitions,
@@ -410,7 +416,7 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
         for (const int64_t L : buffer_lens) {
           Measurement m;
           const DType base = baseline_dtype.value_or(default_baseline_state_dtype(state));
-          m.config = BenchConfig{geometry, batch, L, state, base, act, route, windows};
+          m.config = BenchConfig{geometry, batch, L, state, base, act, route, windows, window_kernel};
           m.timing = time_configuration(m.config, device);
           m.baseline_bytes = baseline_bytes_per_step(geometry, batch, base, act);
           m.replay_bytes = replay_bytes_per_step(geometry, batch, L, state, act);

@@ -29,6 +29,7 @@ struct BenchConfig {
   DType act_dtype = DType::kBFloat16;
   ReplayRoute route = ReplayRoute::kAuto;
   int windows = 5;  // timed windows, after one warm-up window
+  WindowKernel window_kernel = WindowKernel::kAuto;  // CUDA: the replay's path (it gets a workspace)
 };
 
 // A large copy between two buffers much larger than the caches, counted as bytes read + written.

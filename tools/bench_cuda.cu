@@ -185,6 +185,7 @@ ConfigTiming time_cuda_configuration(const BenchConfig& config) {
   options.backend = Backend::kCuda;
   options.cuda_stream = timer.stream;
   options.workspace = workspace.view();
+  options.window_kernel = config.window_kernel;
   const Graph baseline(timer.stream, [&] {
     for (int64_t s = 0; s < config.buffer_len; ++s) model.baseline_step(options);
   });
@@ -229,6 +230,7 @@ ConfigTiming time_cuda_spec_configuration(const SpecBenchConfig& config) {
   options.backend = Backend::kCuda;
   options.cuda_stream = timer.stream;
   options.workspace = workspace.view();
+  options.window_kernel = config.window_kernel;
   const Graph baseline(timer.stream, [&] {
     for (int64_t s = 0; s < model.steps; ++s) model.baseline_step(s, options);
   });

@@ -237,6 +237,9 @@ std::vector<Option> spec_options() {
       {"--L", "N[,N...]", "ReplaySSM buffer lengths (committed history + one window), 2T..64", "16"},
       {"--state-dtype", "T[,T...]", "state dtypes: fp32, fp16, bf16", "fp32,bf16"},
       {"--act-dtype", "T[,T...]", "activation dtypes: fp32, fp16, bf16", "bf16"},
+      {"--window-kernel", "K",
+       "with --device cuda, the path of a replay given a workspace: auto, fused (one kernel), "
+       "separate (the split path)", "auto"},
       {"--windows", "N", "timed windows per configuration (the median is reported)", "5"},
       {"--json", "FILE", "also write every result and the machine's description to FILE", ""},
   });
@@ -285,6 +288,7 @@ void write_json(std::ostream& file, const std::string& command_line, DeviceType 
         .key("state_dtype").string(dtype_short_name(r.config.state_dtype))
         .key("act_dtype").string(dtype_short_name(r.config.act_dtype))
         .key("accept").string(r.config.acceptance.describe())
+        .key("window_kernel").string(window_kernel_name(r.config.window_kernel))
         .key("flushes_per_step").number(r.plan.flushes_per_step)
         .key("mean_history").number(r.plan.mean_history)
         .key("verify_steps_per_window").integer(r.plan.steps)
@@ -338,6 +342,8 @@ int run_spec_bench(const std::vector<std::string>& argv, const std::string& comm
   const std::vector<int64_t> buffer_lens = parse_int_list("--L", args.get("--L"), 2, 64);
   const std::vector<DType> state_dtypes = parse_dtype_list("--state-dtype", args.get("--state-dtype"));
   const std::vector<DType> act_dtypes = parse_dtype_list("--act-dtype", args.get("--act-dtype"));
+  const WindowKernel window_kernel = parse_window_kernel("--window-kernel", args.get("--window-kernel"));
+  check_window_kernel_device("--window-kernel", window_kernel, device);
   const int windows = int(parse_int("--windows", args.get("--windows"), 1, 1000));
   for (int64_t T : windows_T) {
     for (int64_t L : buffer_lens)
@@ -353,8 +359,9 @@ int run_spec_bench(const std::vector<std::string>& argv, const std::string& comm
   }
 
   const CopyBandwidth copy = measure_copy_bandwidth(device);
-  std::printf("replayssm bench --spec: %s, device %s, accept %s\n", geometry.describe().c_str(),
-              device_name(device), acceptance.describe().c_str());
+  std::printf("replayssm bench --spec: %s, device %s, accept %s, window kernel %s\n",
+              geometry.describe().c_str(), device_name(device), acceptance.describe().c_str(),
+              window_kernel_name(window_kernel));
   std::printf("copy bandwidth: %.1f GB/s best (bytes read + written)\n", copy.best_bytes_per_s / 1e9);
   std::printf("per layer per verify step, median of %d windows; f = flushes per step, w = mean committed "
               "history; slot = per-slot bytes / standard decode's\n\n",
@@ -369,7 +376,8 @@ int run_spec_bench(const std::vector<std::string>& argv, const std::string& comm
         for (const int64_t buffer_len : buffer_lens)
           for (const int64_t batch : batches) {
             SpecMeasurement m;
-            m.config = SpecBenchConfig{geometry, batch, T, buffer_len, state, act, acceptance, windows};
+            m.config =
+                SpecBenchConfig{geometry, batch, T, buffer_len, state, act, acceptance, windows, window_kernel};
             m.plan = plan_spec(m.config);
             m.timing = time_spec_configuration(m.config, device);
             m.baseline_bytes = baseline_spec_bytes_per_step(geometry, batch, T, state, act);

@@ -35,6 +35,7 @@ struct SpecBenchConfig {
   DType act_dtype = DType::kBFloat16;
   AcceptanceModel acceptance;
   int windows = 5;
+  WindowKernel window_kernel = WindowKernel::kAuto;  // CUDA: the verify's path (it gets a workspace)
 };
 
 // The accepted counts of one timed window (steps, batch) and the rings the rows start from
