@@ -160,6 +160,13 @@ const char* window_kernel_name(WindowKernel choice) {
   return "unknown";
 }
 
+Option window_kernel_option() {
+  return {"--window-kernel", "K",
+          "with --device cuda, the path of a replay given a workspace: auto, fused (one kernel), "
+          "separate (the split path)",
+          "auto"};
+}
+
 WindowKernel parse_window_kernel(const std::string& flag, const std::string& text) {
   for (WindowKernel k : {WindowKernel::kAuto, WindowKernel::kFused, WindowKernel::kSeparate})
     if (text == window_kernel_name(k)) return k;

@@ -70,6 +70,7 @@ DeviceType parse_device(const std::string& flag, const std::string& text);
 ReplayRoute parse_route(const std::string& flag, const std::string& text);
 
 // The path a CUDA replay given a workspace takes: auto | fused | separate (the Python names).
+Option window_kernel_option();
 WindowKernel parse_window_kernel(const std::string& flag, const std::string& text);
 const char* window_kernel_name(WindowKernel choice);
 // --window-kernel other than auto on a device that has one path only: a usage error.

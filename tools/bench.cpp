@@ -219,9 +219,7 @@ std::vector<Option> bench_options() {
        "dtype; bf16 for int8 and fp8)", ""},
       {"--act-dtype", "T[,T...]", "activation dtypes: fp32, fp16, bf16", "bf16"},
       {"--route", "R", "ReplaySSM route: auto, output-only, state-and-output", "auto"},
-      {"--window-kernel", "K",
-       "with --device cuda, the path of a replay given a workspace: auto, fused (one kernel), "
-       "separate (the split path)", "auto"},
+      window_kernel_option(),
       {"--windows", "N", "timed windows per configuration (the median is reported)", "5"},
       {"--json", "FILE", "also write every result and the machine's description to FILE", ""},
   });

@@ -237,9 +237,7 @@ std::vector<Option> spec_options() {
       {"--L", "N[,N...]", "ReplaySSM buffer lengths (committed history + one window), 2T..64", "16"},
       {"--state-dtype", "T[,T...]", "state dtypes: fp32, fp16, bf16", "fp32,bf16"},
       {"--act-dtype", "T[,T...]", "activation dtypes: fp32, fp16, bf16", "bf16"},
-      {"--window-kernel", "K",
-       "with --device cuda, the path of a replay given a workspace: auto, fused (one kernel), "
-       "separate (the split path)", "auto"},
+      window_kernel_option(),
       {"--windows", "N", "timed windows per configuration (the median is reported)", "5"},
       {"--json", "FILE", "also write every result and the machine's description to FILE", ""},
   });
