@@ -167,16 +167,14 @@ Option window_kernel_option() {
           "auto"};
 }
 
-WindowKernel parse_window_kernel(const std::string& flag, const std::string& text) {
-  for (WindowKernel k : {WindowKernel::kAuto, WindowKernel::kFused, WindowKernel::kSeparate})
-    if (text == window_kernel_name(k)) return k;
+WindowKernel parse_window_kernel(const std::string& flag, const std::string& text, DeviceType device) {
+  for (WindowKernel k : {WindowKernel::kAuto, WindowKernel::kFused, WindowKernel::kSeparate}) {
+    if (text != window_kernel_name(k)) continue;
+    if (k != WindowKernel::kAuto && device != DeviceType::kCuda)
+      throw UsageError(flag + " " + text + ": only the CUDA backend has more than one path; use --device cuda");
+    return k;
+  }
   throw UsageError(flag + " expects auto, fused or separate, got '" + text + "'");
-}
-
-void check_window_kernel_device(const std::string& flag, WindowKernel choice, DeviceType device) {
-  if (choice != WindowKernel::kAuto && device != DeviceType::kCuda)
-    throw UsageError(flag + " " + window_kernel_name(choice) + ": only the CUDA backend has more than one path; "
-                     "use --device cuda");
 }
 
 }  // namespace replayssm::tool

@@ -69,11 +69,10 @@ DeviceType parse_device(const std::string& flag, const std::string& text);
 // auto | output-only | state-and-output
 ReplayRoute parse_route(const std::string& flag, const std::string& text);
 
-// The path a CUDA replay given a workspace takes: auto | fused | separate (the Python names).
+// The path a CUDA replay given a workspace takes: auto | fused | separate (the Python names);
+// other than auto, a usage error on a device with one path only (the CPU).
 Option window_kernel_option();
-WindowKernel parse_window_kernel(const std::string& flag, const std::string& text);
+WindowKernel parse_window_kernel(const std::string& flag, const std::string& text, DeviceType device);
 const char* window_kernel_name(WindowKernel choice);
-// --window-kernel other than auto on a device that has one path only: a usage error.
-void check_window_kernel_device(const std::string& flag, WindowKernel choice, DeviceType device);
 
 }  // namespace replayssm::tool

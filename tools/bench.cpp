@@ -381,8 +381,7 @@ int run_bench(const std::vector<std::string>& argv, const std::string& command_l
     baseline_dtype = parse_baseline_state_dtype("--baseline-state-dtype", args.get("--baseline-state-dtype"));
   const std::vector<DType> act_dtypes = parse_dtype_list("--act-dtype", args.get("--act-dtype"));
   const ReplayRoute route = parse_route("--route", args.get("--route"));
-  const WindowKernel window_kernel = parse_window_kernel("--window-kernel", args.get("--window-kernel"));
-  check_window_kernel_device("--window-kernel", window_kernel, device);
+  const WindowKernel window_kernel = parse_window_kernel("--window-kernel", args.get("--window-kernel"), device);
   const int windows = int(parse_int("--windows", args.get("--windows"), 1, 1000));
   const std::string json_path = args.get("--json");
   std::ofstream json_file;

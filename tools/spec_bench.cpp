@@ -340,8 +340,7 @@ int run_spec_bench(const std::vector<std::string>& argv, const std::string& comm
   const std::vector<int64_t> buffer_lens = parse_int_list("--L", args.get("--L"), 2, 64);
   const std::vector<DType> state_dtypes = parse_dtype_list("--state-dtype", args.get("--state-dtype"));
   const std::vector<DType> act_dtypes = parse_dtype_list("--act-dtype", args.get("--act-dtype"));
-  const WindowKernel window_kernel = parse_window_kernel("--window-kernel", args.get("--window-kernel"));
-  check_window_kernel_device("--window-kernel", window_kernel, device);
+  const WindowKernel window_kernel = parse_window_kernel("--window-kernel", args.get("--window-kernel"), device);
   const int windows = int(parse_int("--windows", args.get("--windows"), 1, 1000));
   for (int64_t T : windows_T) {
     for (int64_t L : buffer_lens)
