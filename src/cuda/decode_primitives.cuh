@@ -655,13 +655,14 @@ __device__ __forceinline__ void window_weights(const float (&token_dt)[2], int f
   if (lane == 0) *decay = expf(A * total[0]);
 }
 
-// window_weights of the tokens [first, count) for count <= 16, two heads at once: lanes 16 s + t
-// take token t of the head of segment s (its effective dt: token_dt; weights and decay null: a
-// segment without a head). The same sums in the same order as window_weights, whose other lanes
-// only add zeros for such a window: the same weights to the bit.
-__device__ __forceinline__ void window_weights_16(float token_dt, int first, int count, float A, float* weights,
-                                                  float* decay) {
-  constexpr int kWidth = 16;
+// window_weights of the tokens [first, count) for count <= kWidth (16 or 32), 32 / kWidth heads at
+// once: lanes kWidth s + t take token t of the head of segment s (its effective dt: token_dt;
+// weights and decay null: a segment without a head). The same sums in the same order as
+// window_weights, whose other lanes only add zeros for such a window: the same weights to the bit.
+template <int kWidth>
+__device__ __forceinline__ void window_weights_short(float token_dt, int first, int count, float A, float* weights,
+                                                     float* decay) {
+  static_assert(kWidth == 16 || kWidth == 32, "a segment is half a warp or a whole one");
   const int t = threadIdx.x % kWidth;
   const float dt = t >= first && t < count ? token_dt : 0.f;
   float total = dt;  // becomes sum_{i>=t} dt_i

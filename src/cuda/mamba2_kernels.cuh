@@ -308,8 +308,8 @@ template <typename Act, typename Ly> struct CtaWindow {
       window_dt(raw_dt, cursor, widen(bias), p.dt_softplus, dt);
       float* w = weights + weighed * kMaxBufferLen;
       if (count <= 16)  // a shorter scan, the same sums
-        window_weights_16(dt[0], 0, count, widen(A), lane32 < 16 ? w : nullptr,
-                          lane32 < 16 ? decay + weighed : nullptr);
+        window_weights_short<16>(dt[0], 0, count, widen(A), lane32 < 16 ? w : nullptr,
+                                 lane32 < 16 ? decay + weighed : nullptr);
       else
         window_weights(dt, 0, cursor, widen(A), w, decay + weighed);
       if (lane32 == 0 && d.first == 0) dt_hist(p, slot)[cursor] = widen(raw_now);
@@ -536,8 +536,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
   // Warp w forms the window weights and decay of heads w, w + warps, ... (the host gives every
   // warp at most kWindowHeadsPerWarp heads); their cached raw dt is loaded before the cursor is
   // known (tokens past it are replaced or dropped there). Windows of up to 16 tokens (L <= 17) take
-  // two heads a pass, lanes 16 s + t taking token t of the pass's head s (window_weights_16); longer
-  // ones one head a pass, lanes l taking tokens l and l + 32 (window_weights).
+  // two heads a pass, lanes 16 s + t taking token t of the pass's head s (window_weights_short);
+  // longer ones one head a pass, lanes l taking tokens l and l + 32 (window_weights).
   const bool short_window = L <= 17;
   auto pass_head = [&](int q) { return short_window ? warp + warps * (2 * q + lane / 16) : warp + warps * q; };
   auto pass_token = [&](int half) { return short_window ? lane % 16 : lane + 32 * half; };
@@ -584,8 +584,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     for (int half = 0; half < 2; ++half)
       if (pass_token(half) == cursor) raw_dt[q][half] = raw_now_s[k_s];
     if (short_window) {  // one token a lane
-      window_weights_16(lane % 16 <= cursor ? effective_dt(raw_dt[q][0], bias_s[k_s], p.dt_softplus) : 0.f, 0, count,
-                        A_s[k_s], has_head ? coef[kq] : nullptr, has_head ? &decay[kq] : nullptr);
+      window_weights_short<16>(lane % 16 <= cursor ? effective_dt(raw_dt[q][0], bias_s[k_s], p.dt_softplus) : 0.f, 0,
+                               count, A_s[k_s], has_head ? coef[kq] : nullptr, has_head ? &decay[kq] : nullptr);
     } else {
       float dt[2];
       window_dt(raw_dt[q], cursor, bias_s[kq], p.dt_softplus, dt);

@@ -739,23 +739,31 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   __syncthreads();
 
   // The weights of each (head, output t) pair over the tokens [first, c + t], and its decay: for
-  // windows of up to 16 tokens two heads a warp pass, lane 16 s + j holding token j of head s for
-  // all the head's outputs (window_weights_16), else one pair a pass.
-  const int pairs = heads * n;
-  if (layout.coef_stride == 16) {
-    for (int k0 = 2 * warp; k0 < heads; k0 += 2 * warps) {
-      const int kq = k0 + lane / 16, j = lane % 16;
+  // windows of up to 16 (32) tokens two heads (one head) a warp pass, lane 16 s + j (lane j)
+  // holding token j of head s for all the head's outputs (window_weights_short), else one pair a
+  // pass.
+  auto weigh_short = [&](auto width) {
+    constexpr int kWidth = decltype(width)::value, kHeadsPerPass = 32 / kWidth;
+    for (int k0 = kHeadsPerPass * warp; k0 < heads; k0 += kHeadsPerPass * warps) {
+      const int kq = k0 + lane / kWidth, j = lane % kWidth;
       const bool has_head = kq < heads;
       const int k_s = has_head ? kq : 0;
       const float dt = j >= first && j < count ? dt_s[k_s * L + j] : 0.f;
 #pragma unroll
       for (int t = 0; t < kMaxT; ++t) {
         if (t >= n) break;
-        window_weights_16(dt, first, c + t + 1, A_s[k_s], has_head ? coef + (k_s * T + t) * 16 : nullptr,
-                          has_head ? &decay[k_s][t] : nullptr);
+        window_weights_short<kWidth>(dt, first, c + t + 1, A_s[k_s],
+                                     has_head ? coef + (k_s * T + t) * layout.coef_stride : nullptr,
+                                     has_head ? &decay[k_s][t] : nullptr);
       }
     }
+  };
+  if (layout.coef_stride == 16) {
+    weigh_short(std::integral_constant<int, 16>{});
+  } else if (count <= 32) {
+    weigh_short(std::integral_constant<int, 32>{});
   } else {
+    const int pairs = heads * n;
     for (int q = warp; q < pairs; q += warps) {
       const int kq = q / n, t = q - kq * n;
       float dt[2];

@@ -92,8 +92,8 @@ inline int spec_dot_flush_part_rows(const SpecVerifyParams& p, const DotShape& d
 // The split path's window kernel: each thread takes kSpecWindowRows head_dim rows of one head;
 // its shared memory holds each thread's staged x (kWindowStagedBytes), then floats: each head's
 // coefficients of each output (heads x T x coef_stride: 16 for L <= 16, the tokens
-// window_weights_16 covers, else 64), the window's C (T x N) and each head's effective dt of every token
-// (heads x L).
+// window_weights_short<16> covers, else 64), the window's C (T x N) and each head's effective dt
+// of every token (heads x L).
 constexpr int kSpecWindowRows = 4;
 // Values of each kind a window thread asks for at once in its prologue (raw dt, dt_bias, C, B).
 constexpr int kPrologueItems = 4;
