@@ -200,16 +200,18 @@ std::vector<RolloutConfig> on_every_backend(const std::vector<RolloutConfig>& ca
 
 // Enough Nemotron-H rows that the split path's dot kernel folds a 16-bit state's flush rows itself
 // (dot_flush_part_rows_for: from 24 dot CTAs an SM; 57 rows make 27 on an H200), for both 16-bit
-// formats, and the single kernel (no workspace) over as many rows: CUDA only.
+// formats, on the CUDA cores (L = 16) and on the tensor cores (L = 32), and the single kernel (no
+// workspace) over as many rows: CUDA only.
 std::vector<RolloutConfig> wide_batch_cases() {
   std::vector<RolloutConfig> cases;
-  for (auto [state, workspace] : {std::pair{DT::kBFloat16, true}, std::pair{DT::kFloat16, true},
-                                  std::pair{DT::kBFloat16, false}}) {
-    RolloutConfig c = config(kNemotronH, 16, Route::kOutputOnly, state, DT::kBFloat16);
+  for (auto [state, workspace, L] :
+       {std::tuple{DT::kBFloat16, true, 16}, std::tuple{DT::kFloat16, true, 16}, std::tuple{DT::kBFloat16, false, 16},
+        std::tuple{DT::kBFloat16, true, 32}, std::tuple{DT::kFloat16, true, 32}}) {
+    RolloutConfig c = config(kNemotronH, L, Route::kOutputOnly, state, DT::kBFloat16);
     c.backend = Backend::kCuda;
     c.workspace = workspace;
     c.requests = 56;
-    c.steps = 40;
+    c.steps = 40 * L / 16;  // every row flushes at least once
     c.recycles = 0;
     cases.push_back(c);
   }

@@ -812,15 +812,15 @@ __device__ __forceinline__ void fold_staged_tile(S* tile, S* state, int64_t stri
   }
 }
 
-// ---- A 4-byte state's fold on the tensor cores (sm_80 mma.sync). ----
+// ---- A 4- or 2-byte state's fold on the tensor cores (sm_80 mma.sync). ----
 
-// The split paths fold a 4-byte state with bf16 activations and N <= 128 on the tensor cores: B_j
-// is exact in bf16, and each weight_j x_j[i] (its fp32 product, as the CUDA-core fold forms it)
+// The split paths fold a 4- or 2-byte state with bf16 activations and N <= 128 on the tensor cores:
+// B_j is exact in bf16, and each weight_j x_j[i] (its fp32 product, as the CUDA-core fold forms it)
 // goes in as three bf16 terms whose sum is that product to within 2^-27 of it, so the products are
-// fp32's and only the order of the sums differs.
+// fp32's and only the order of the sums differs (a 2-byte state is then rounded as there).
 template <typename S, typename Act, typename Ly>
-constexpr bool kTensorCoreFold = sizeof(S) == 4 && std::is_same_v<Act, BFloat16> && !Ly::kMasked &&
-                                 Ly::kCoverN <= 128;
+constexpr bool kTensorCoreFold = (sizeof(S) == 4 || sizeof(S) == 2) && std::is_same_v<Act, BFloat16> &&
+                                 !Ly::kMasked && Ly::kCoverN <= 128;
 // The launchers take it where a flush folds more than this many tokens: at one block of 16 tokens
 // it was 0.2-1.2% slower than the CUDA-core fold (L = 16), at 28-32 tokens 0.2-3.8% faster (L =
 // 32; notes/cuda.md v35).
@@ -863,8 +863,8 @@ __device__ __forceinline__ void load_blocks_transposed(uint32_t (&r)[4], const v
 // its columns (8, the w x fragments formed in registers), the decayed rows its accumulators. A
 // part's rows are in registers before the next part's copy is asked for, so that the fold runs
 // while it lands; the folded rows are stored and their dots taken from the fragments.
-template <typename Ly, int kMaxDots, bool kOneCopy = false, typename Act, typename CAt, typename RowDone>
-__device__ __forceinline__ void fold_staged_tile_on_tensor_cores(float* tile, float* state, int64_t stride_head,
+template <typename Ly, int kMaxDots, bool kOneCopy = false, typename S, typename Act, typename CAt, typename RowDone>
+__device__ __forceinline__ void fold_staged_tile_on_tensor_cores(S* tile, S* state, int64_t stride_head,
                                                                  int64_t stride_p, int rows, int tile_rows,
                                                                  int part_rows, int N, uint64_t* barrier,
                                                                  const StagedFold<Act>& f, int dots,
@@ -894,7 +894,7 @@ __device__ __forceinline__ void fold_staged_tile_on_tensor_cores(float* tile, fl
 #pragma unroll
         for (int m = 0; m < kColBlocks; ++m) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) acc[m][2 * h + e] = live[e] ? decay * tile[u[e] * N + 16 * m + g + 8 * h] : 0.f;
+          for (int h = 0; h < 2; ++h) acc[m][2 * h + e] = live[e] ? decay * to_float(tile[u[e] * N + 16 * m + g + 8 * h]) : 0.f;
         }
       }
       if (round == rounds - 1 && next < tile_rows) {  // the part is in registers: the next one may land
@@ -936,12 +936,12 @@ __device__ __forceinline__ void fold_staged_tile_on_tensor_cores(float* tile, fl
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = first + u[e] - head[e] * rows;
-        float* row = state + head[e] * stride_head + i * stride_p;
+        S* row = state + head[e] * stride_head + i * stride_p;
 #pragma unroll
         for (int m = 0; m < kColBlocks; ++m) {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            if (live[e]) row[16 * m + g + 8 * h] = acc[m][2 * h + e];
+            if (live[e]) row[16 * m + g + 8 * h] = from_float<S>(acc[m][2 * h + e]);
         }
 #pragma unroll
         for (int d = 0; d < kMaxDots; ++d) y[e][d] = 0.f;

@@ -178,7 +178,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
         from_float<Act>(v);
   };
   if constexpr (kTensorFold) {
-    static_assert(kTensorCoreFold<S, Act, Ly>, "the tensor cores fold a 4-byte state with bf16 inputs");
+    static_assert(kTensorCoreFold<S, Act, Ly>, "the tensor cores fold a 4- or 2-byte state with bf16 inputs");
     fold_staged_tile_on_tensor_cores<Ly, 1, true>(
         tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier, fold, 1,
         [&](int, int n) { return to_float(C_s[n]); },

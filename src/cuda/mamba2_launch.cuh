@@ -71,7 +71,9 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
         constexpr RowLayoutKind k = decltype(kind)::value;
         if constexpr (k == RowLayoutKind::kN64 || k == RowLayoutKind::kN128) {
           auto kernel = checkpoint_dot_kernel<S, Act, k, false, true>;
-          if constexpr (kTensorCoreFold<S, Act, Layout<S, k>>)
+          // A 2-byte state keeps the CUDA-core fold here: with the tensor cores' the kernel spills
+          // (N = 128) and was 1-4% slower at batch 2-8 (notes/cuda.md, v59).
+          if constexpr (kTensorCoreFold<S, Act, Layout<S, k>> && sizeof(S) == 4)
             if (p.buffer_len > kTensorFoldMinTokens) kernel = checkpoint_dot_kernel<S, Act, k, true, true>;
           allow_smem(kernel, smem.bytes);
           REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, dot.heads, dot.rows, smem.part_rows));

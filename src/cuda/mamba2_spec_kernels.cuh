@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
   };
   if (r.flush) {
     if constexpr (kTensorFold) {
-      static_assert(kTensorCoreFold<S, Act, Ly>, "the tensor cores fold a 4-byte state with bf16 inputs");
+      static_assert(kTensorCoreFold<S, Act, Ly>, "the tensor cores fold a 4- or 2-byte state with bf16 inputs");
       fold_staged_tile_on_tensor_cores<Ly, kMaxT>(
           tile, state, p.state_stride_head, p.state_stride_p, rows, tile_rows, part_rows, N, barrier, fold, n,
           [&](int t, int k) { return C_s[t * N + shared_position<Ly>(k)]; },
