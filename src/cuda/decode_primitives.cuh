@@ -894,7 +894,8 @@ __device__ __forceinline__ void fold_staged_tile_on_tensor_cores(S* tile, S* sta
 #pragma unroll
         for (int m = 0; m < kColBlocks; ++m) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) acc[m][2 * h + e] = live[e] ? decay * to_float(tile[u[e] * N + 16 * m + g + 8 * h]) : 0.f;
+          for (int h = 0; h < 2; ++h)
+            acc[m][2 * h + e] = live[e] ? decay * to_float(tile[u[e] * N + 16 * m + g + 8 * h]) : 0.f;
         }
       }
       if (round == rounds - 1 && next < tile_rows) {  // the part is in registers: the next one may land
