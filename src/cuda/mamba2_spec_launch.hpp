@@ -95,8 +95,6 @@ inline int spec_dot_flush_part_rows(const SpecVerifyParams& p, const DotShape& d
 // window_weights_short<16> covers, else 64), the window's C (T x N) and each head's effective dt
 // of every token (heads x L).
 constexpr int kSpecWindowRows = 4;
-// Values of each kind a window thread asks for at once in its prologue (raw dt, dt_bias, C, B).
-constexpr int kPrologueItems = 4;
 // Its static shared memory: B_j . C_t of every token and output, each head's decays and scalars.
 constexpr int64_t kSpecWindowStaticBytes = (kMaxSpecWindow * kMaxBufferLen + kMaxWindowHeads * (kMaxSpecWindow + 2)) * 4;
 struct SpecWindowSmem {
