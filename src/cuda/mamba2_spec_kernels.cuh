@@ -630,20 +630,19 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
 // The split path's third kernel, launched as the flush kernel's programmatic dependent: the window
 // work and the outputs of every row, once per (batch row, up to heads_per_cta heads of one group).
 // Output t of a row sees the tokens [first, c + t] (first = c on a flush row, whose dots come from
-// its folded checkpoint, else 0). Thread u takes kSpecWindowRows consecutive head_dim rows of one
-// head (x, cached x, dots and outputs move in packs). Before it waits for the kernels before it, it
-// appends the window's x, B and raw dt to the ring and forms, per head and output t, the decay and
-// each row's
+// its folded checkpoint, else 0). Thread u takes kRows consecutive head_dim rows of one head (x,
+// cached x, dots and outputs move in packs). Before it waits for the kernels before it, it appends
+// the window's x, B and raw dt to the ring and forms, per head and output t, the decay and each
+// row's
 //   hist_t = sum_{first <= j <= c+t} weight_{j,t} (B_j . C_t) x_j + D x_{c+t},
 // then out_t = (decay_t dot_t + hist_t) silu(z_t).
-template <typename Act, int kMaxT>
+template <typename Act, int kMaxT, int kRows>
 __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVerifyParams p, int heads_per_cta) {
   __shared__ float bc[kMaxSpecWindow][kMaxBufferLen];  // B_j . C_t
   __shared__ float decay[kMaxWindowHeads][kMaxSpecWindow], A_s[kMaxWindowHeads], D_s[kMaxWindowHeads];
   static_assert(sizeof(bc) + sizeof(decay) + sizeof(A_s) + sizeof(D_s) == kSpecWindowStaticBytes,
                 "the host counts this shared memory");
   extern __shared__ __align__(16) unsigned char window_smem[];  // spec_window_smem
-  constexpr int kRows = kSpecWindowRows;
   using Rows = Pack<Act, kRows>;
   const int warps = int(blockDim.x) / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim), H = int(p.nheads);
@@ -680,8 +679,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     Rows* to = x_staged;
     int j = round_first;
     for (; j < min(c, end); ++j, to += blockDim.x) copy_pack_async(to, x_ring + position(j) * p.xc_stride_pos);
-    for (const Act* from = x_window + (j - c) * p.x_stride_token; j < end; ++j, to += blockDim.x, from += p.x_stride_token)
-      copy_pack_async(to, from);
+    const Act* from = x_window + (j - c) * p.x_stride_token;
+    for (; j < end; ++j, to += blockDim.x, from += p.x_stride_token) copy_pack_async(to, from);
   };
   if (has_rows) stage_x(first);
 
@@ -700,6 +699,9 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     A = head_value(p.A, first_head + int(threadIdx.x), 0.f);
     D = head_value(p.D, first_head + int(threadIdx.x), 0.f);
   }
+  auto ring_dt = [&](int64_t head, int j) {
+    return p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head + position(j);
+  };
   constexpr int kDtHeads = 2;
   const int step = int(blockDim.x);
   for (int k0 = warp, m = threadIdx.x; k0 < heads || m < N; k0 += kDtHeads * warps, m += step) {
@@ -709,14 +711,16 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     for (int a = 0; a < kDtHeads; ++a) {
       const int kq = k0 + a * warps;
       if (kq >= heads) break;
-      bias[a] = head_value(p.dt_bias, first_head + kq, 0.f);
+      const int64_t head = first_head + kq;
+      bias[a] = head_value(p.dt_bias, head, 0.f);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = first + lane + 32 * half;
         if (j < count)
-          raw[a][half] = j < c ? __ldg(p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j))
-                               : widen(load_stored(p.dt, p.dt_dtype, row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
-                                                                         (first_head + kq) * p.dt_stride_head));
+          raw[a][half] = j < c ? __ldg(ring_dt(head, j))
+                               : widen(load_stored(p.dt, p.dt_dtype,
+                                                   row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
+                                                       head * p.dt_stride_head));
       }
     }
 #pragma unroll
@@ -733,7 +737,7 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
       for (int half = 0; half < 2; ++half) {
         const int j = first + lane + 32 * half;
         if (j >= count) continue;
-        if (j >= c) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j)] = raw[a][half];
+        if (j >= c) *ring_dt(first_head + kq, j) = raw[a][half];
         dt_s[kq * L + j] = effective_dt(raw[a][half], bias[a], p.dt_softplus);
       }
     }
@@ -1147,13 +1151,20 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
     });
   }
 
-  const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRows);
-  const int64_t threads = window_threads(heads, p.head_dim, kSpecWindowRows);
-  config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
+  auto ctas_a_row = [&](int heads) { return p.ngroups * ((p.heads_per_group + heads - 1) / heads); };
+  const int few_heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRowsFew);
+  const bool few = few_heads > 0 && p.batch * ctas_a_row(few_heads) <= kSpecWindowFewCtasPerSm * sm_count();
+  const int rows = few ? kSpecWindowRowsFew : kSpecWindowRowsMany;
+  const int heads = window_heads(p.heads_per_group, p.head_dim, rows);
+  const int64_t threads = window_threads(heads, p.head_dim, rows);
+  config.gridDim = dim3(unsigned(ctas_a_row(heads)), unsigned(p.batch));
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = size_t(spec_window_smem(threads, heads, p.window, p.buffer_len, p.state_dim).bytes);
   const auto window_kernel =
-      short_window ? spec::window_kernel<Act, spec::kShortWindow> : spec::window_kernel<Act, kMaxSpecWindow>;
+      short_window ? (few ? spec::window_kernel<Act, spec::kShortWindow, kSpecWindowRowsFew>
+                          : spec::window_kernel<Act, spec::kShortWindow, kSpecWindowRowsMany>)
+                   : (few ? spec::window_kernel<Act, kMaxSpecWindow, kSpecWindowRowsFew>
+                          : spec::window_kernel<Act, kMaxSpecWindow, kSpecWindowRowsMany>);
   allow_smem(window_kernel, int64_t(config.dynamicSmemBytes), kSpecWindowStaticBytes);
   REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 }
