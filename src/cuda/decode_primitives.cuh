@@ -655,26 +655,49 @@ __device__ __forceinline__ void window_weights(const float (&token_dt)[2], int f
   if (lane == 0) *decay = expf(A * total[0]);
 }
 
-// window_weights of the tokens [first, count) for count <= kWidth (16 or 32), 32 / kWidth heads at
-// once: lanes kWidth s + t take token t of the head of segment s (its effective dt: token_dt;
-// weights and decay null: a segment without a head). The same sums in the same order as
-// window_weights, whose other lanes only add zeros for such a window: the same weights to the bit.
+// window_weights of the tokens [first, count + w) for each of `windows` windows w < kWindows that
+// share their first token, count + windows - 1 <= kWidth (16 or 32), 32 / kWidth heads at once:
+// lanes kWidth s + j take token j of the head of segment s (its effective dt: token_dt; weights and
+// decays null: a segment without a head). Window w's weights go to weights + w * weights_stride and
+// its decay to decays[w]. The same sums in the same order as window_weights, whose other lanes
+// only add zeros for such a window: the same weights to the bit. The windows' scans share each
+// level's shuffles round, and lane w forms window w's decay.
+template <int kWidth, int kWindows>
+__device__ __forceinline__ void window_weights_short(float token_dt, int first, int count, int windows, float A,
+                                                     float* weights, int weights_stride, float* decays) {
+  static_assert(kWidth == 16 || kWidth == 32, "a segment is half a warp or a whole one");
+  static_assert(kWindows <= kWidth, "a lane forms each window's decay");
+  const int j = threadIdx.x % kWidth;
+  float dt[kWindows], total[kWindows];  // total becomes sum_{i>=j} dt_i
+#pragma unroll
+  for (int w = 0; w < kWindows; ++w) {
+    dt[w] = j >= first && j < count + w ? token_dt : 0.f;
+    total[w] = dt[w];
+  }
+#pragma unroll
+  for (int offset = 1; offset < kWidth; offset *= 2) {
+#pragma unroll
+    for (int w = 0; w < kWindows; ++w) {
+      const float v = __shfl_down_sync(kFullMask, total[w], offset, kWidth);
+      if (j + offset < kWidth) total[w] += v;
+    }
+  }
+  float decay_sum = 0.f;  // lane w: window w's sum, from the segment's first lane
+#pragma unroll
+  for (int w = 0; w < kWindows; ++w) {
+    float later = __shfl_down_sync(kFullMask, total[w], 1, kWidth);
+    if (j == kWidth - 1) later = 0.f;
+    if (weights && w < windows) weights[w * weights_stride + j] = dt[w] * expf(A * later);
+    const float sum = __shfl_sync(kFullMask, total[w], 0, kWidth);
+    if (j == w) decay_sum = sum;
+  }
+  if (decays && j < windows) decays[j] = expf(A * decay_sum);
+}
+// One window: [first, count).
 template <int kWidth>
 __device__ __forceinline__ void window_weights_short(float token_dt, int first, int count, float A, float* weights,
                                                      float* decay) {
-  static_assert(kWidth == 16 || kWidth == 32, "a segment is half a warp or a whole one");
-  const int t = threadIdx.x % kWidth;
-  const float dt = t >= first && t < count ? token_dt : 0.f;
-  float total = dt;  // becomes sum_{i>=t} dt_i
-#pragma unroll
-  for (int offset = 1; offset < kWidth; offset *= 2) {
-    const float v = __shfl_down_sync(kFullMask, total, offset, kWidth);
-    if (t + offset < kWidth) total += v;
-  }
-  float later = __shfl_down_sync(kFullMask, total, 1, kWidth);
-  if (t == kWidth - 1) later = 0.f;
-  if (weights) weights[t] = dt * expf(A * later);
-  if (decay && t == 0) *decay = expf(A * total);
+  window_weights_short<kWidth, 1>(token_dt, first, count, 1, A, weights, 0, decay);
 }
 
 // The baseline's step of one state row slice: s = decay s + xdt b.

@@ -42,15 +42,15 @@ bool x_slices(const SpecVerifyParams& p, int rows_per_cta) {
 }
 
 // The split path needs the caller's workspace and a vectorised layout; its window kernel moves x,
-// z, the cached x and the outputs in packs of kSpecWindowRows head_dim rows and B in pieces of 4
-// elements.
+// z, the cached x and the outputs in packs of kSpecWindowRowsMany head_dim rows (or of
+// kSpecWindowRowsFew, which those alignments cover) and B in pieces of 4 elements.
 bool uses_split_path(const SpecVerifyParams& p, RowLayoutKind kind, int rows_per_cta) {
   if (!p.workspace || kind == RowLayoutKind::kGeneric || p.window_kernel == WindowKernel::kFused) return false;
   if (p.window_kernel == WindowKernel::kAuto && ctas_for(p, rows_per_cta) < kSplitMinCtasPerSm * sm_count())
     return false;
-  const int64_t a = dtype_size(p.act_dtype), pack = kSpecWindowRows * a;
-  const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRows);
-  return p.head_dim % kSpecWindowRows == 0 && heads > 0 &&
+  const int64_t a = dtype_size(p.act_dtype), pack = kSpecWindowRowsMany * a;
+  const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRowsMany);
+  return p.head_dim % kSpecWindowRowsMany == 0 && heads > 0 &&
          aligned(p.x, a, pack, {p.x_stride_batch, p.x_stride_token, p.x_stride_head}) &&
          (!p.z || aligned(p.z, a, pack, {p.z_stride_batch, p.z_stride_token, p.z_stride_head})) &&
          aligned(p.out, a, pack, {p.out_stride_batch, p.out_stride_token, p.out_stride_head}) &&

@@ -630,20 +630,19 @@ __global__ void __launch_bounds__(kThreads, kDotMinCtasPerSm) dot_kernel(const S
 // The split path's third kernel, launched as the flush kernel's programmatic dependent: the window
 // work and the outputs of every row, once per (batch row, up to heads_per_cta heads of one group).
 // Output t of a row sees the tokens [first, c + t] (first = c on a flush row, whose dots come from
-// its folded checkpoint, else 0). Thread u takes kSpecWindowRows consecutive head_dim rows of one
-// head (x, cached x, dots and outputs move in packs). Before it waits for the kernels before it, it
-// appends the window's x, B and raw dt to the ring and forms, per head and output t, the decay and
-// each row's
+// its folded checkpoint, else 0). Thread u takes kRows consecutive head_dim rows of one head (x,
+// cached x, dots and outputs move in packs). Before it waits for the kernels before it, it appends
+// the window's x, B and raw dt to the ring and forms, per head and output t, the decay and each
+// row's
 //   hist_t = sum_{first <= j <= c+t} weight_{j,t} (B_j . C_t) x_j + D x_{c+t},
 // then out_t = (decay_t dot_t + hist_t) silu(z_t).
-template <typename Act, int kMaxT>
+template <typename Act, int kMaxT, int kRows>
 __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVerifyParams p, int heads_per_cta) {
   __shared__ float bc[kMaxSpecWindow][kMaxBufferLen];  // B_j . C_t
   __shared__ float decay[kMaxWindowHeads][kMaxSpecWindow], A_s[kMaxWindowHeads], D_s[kMaxWindowHeads];
   static_assert(sizeof(bc) + sizeof(decay) + sizeof(A_s) + sizeof(D_s) == kSpecWindowStaticBytes,
                 "the host counts this shared memory");
   extern __shared__ __align__(16) unsigned char window_smem[];  // spec_window_smem
-  constexpr int kRows = kSpecWindowRows;
   using Rows = Pack<Act, kRows>;
   const int warps = int(blockDim.x) / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hpg = int(p.heads_per_group), P = int(p.head_dim), N = int(p.state_dim), H = int(p.nheads);
@@ -673,20 +672,24 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
   const int h = first_head + k;
   Act* x_ring = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
   const Act* x_window = static_cast<const Act*>(p.x) + row * p.x_stride_batch + h * p.x_stride_head + i;
-  auto x_of = [&](int j) { return j < c ? x_ring + position(j) * p.xc_stride_pos : x_window + (j - c) * p.x_stride_token; };
   constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));
   Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // round token u: [u * blockDim.x]
-  auto stage_x = [&](int round_first) {
-#pragma unroll
-    for (int u = 0; u < kStaged; ++u)
-      if (round_first + u < count) copy_pack_async(x_staged + u * blockDim.x, x_of(round_first + u));
+  auto stage_x = [&](int round_first) {  // the ring's tokens, then the window's (no per-token select)
+    const int end = min(count, round_first + kStaged);
+    Rows* to = x_staged;
+    int j = round_first;
+    for (; j < min(c, end); ++j, to += blockDim.x) copy_pack_async(to, x_ring + position(j) * p.xc_stride_pos);
+    const Act* from = x_window + (j - c) * p.x_stride_token;
+    for (; j < end; ++j, to += blockDim.x, from += p.x_stride_token) copy_pack_async(to, from);
   };
   if (has_rows) stage_x(first);
 
   // Each head's scalars; the effective dt of the tokens of every head, once for all its outputs
-  // (the window's raw dt appended); the window's C, widened; the group's first head appends the
-  // window's B. A thread asks for all its values (kPrologueItems of each kind a round) before it
-  // stores any: a store right after its load would make each a round trip of its own.
+  // (the window's raw dt appended): a warp kDtHeads heads a round, lane l tokens first + l and
+  // first + l + 32 of each; the window's C, widened, and its B appended by the group's first head:
+  // a thread one element of every position a round. A thread asks for all its values of a round
+  // before it stores any (a store right after its load would make each a round trip of its own);
+  // no index takes an integer division.
   const Act* C_window = static_cast<const Act*>(p.C) + row * p.C_stride_batch + g * p.C_stride_group;
   const Act* B_window = static_cast<const Act*>(p.B) + row * p.B_stride_batch + g * p.B_stride_group;
   Act* B_ring = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + g * p.Bc_stride_group;
@@ -696,52 +699,77 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     A = head_value(p.A, first_head + int(threadIdx.x), 0.f);
     D = head_value(p.D, first_head + int(threadIdx.x), 0.f);
   }
-  const int span = count - first;  // the tokens the outputs see
-  const int dt_items = heads * span, cb_items = n * N, step = int(blockDim.x);
-  for (int e0 = threadIdx.x; e0 < max(dt_items, cb_items); e0 += kPrologueItems * step) {
-    float raw[kPrologueItems], bias[kPrologueItems];
-    Act C_e[kPrologueItems], B_e[kPrologueItems];
+  auto ring_dt = [&](int64_t head, int j) {
+    return p.dt_cache + slot * p.dtc_stride_slot + head * p.dtc_stride_head + position(j);
+  };
+  constexpr int kDtHeads = 2;
+  const int step = int(blockDim.x);
+  for (int k0 = warp, m = threadIdx.x; k0 < heads || m < N; k0 += kDtHeads * warps, m += step) {
+    float raw[kDtHeads][2], bias[kDtHeads];
+    Act C_e[kMaxT], B_e[kMaxT];
 #pragma unroll
-    for (int u = 0; u < kPrologueItems; ++u) {
-      const int e = e0 + u * step;
-      if (e < dt_items) {
-        const int kq = e / span, j = first + e - kq * span;
-        raw[u] = j < c ? __ldg(p.dt_cache + slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j))
-                       : widen(load_stored(p.dt, p.dt_dtype, row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
-                                                                 (first_head + kq) * p.dt_stride_head));
-        bias[u] = head_value(p.dt_bias, first_head + kq, 0.f);
-      }
-      if (e < cb_items) {
-        const int t = e / N, m = e - t * N;
-        C_e[u] = load_one(C_window + t * p.C_stride_token + m);
-        if (appends_B) B_e[u] = load_one(B_window + t * p.B_stride_token + m);
+    for (int a = 0; a < kDtHeads; ++a) {
+      const int kq = k0 + a * warps;
+      if (kq >= heads) break;
+      const int64_t head = first_head + kq;
+      bias[a] = head_value(p.dt_bias, head, 0.f);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = first + lane + 32 * half;
+        if (j < count)
+          raw[a][half] = j < c ? __ldg(ring_dt(head, j))
+                               : widen(load_stored(p.dt, p.dt_dtype,
+                                                   row * p.dt_stride_batch + (j - c) * p.dt_stride_token +
+                                                       head * p.dt_stride_head));
       }
     }
 #pragma unroll
-    for (int u = 0; u < kPrologueItems; ++u) {
-      const int e = e0 + u * step;
-      if (e < dt_items) {
-        const int kq = e / span, j = first + e - kq * span;
-        if (j >= c) p.dt_cache[slot * p.dtc_stride_slot + (first_head + kq) * p.dtc_stride_head + position(j)] = raw[u];
-        dt_s[kq * L + j] = effective_dt(raw[u], bias[u], p.dt_softplus);
+    for (int t = 0; t < kMaxT; ++t) {
+      if (m >= N || t >= n) break;
+      C_e[t] = load_one(C_window + t * p.C_stride_token + m);
+      if (appends_B) B_e[t] = load_one(B_window + t * p.B_stride_token + m);
+    }
+#pragma unroll
+    for (int a = 0; a < kDtHeads; ++a) {
+      const int kq = k0 + a * warps;
+      if (kq >= heads) break;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = first + lane + 32 * half;
+        if (j >= count) continue;
+        if (j >= c) *ring_dt(first_head + kq, j) = raw[a][half];
+        dt_s[kq * L + j] = effective_dt(raw[a][half], bias[a], p.dt_softplus);
       }
-      if (e < cb_items) {
-        const int t = e / N, m = e - t * N;
-        C_s[e] = to_float(C_e[u]);
-        if (appends_B) B_ring[position(c + t) * p.Bc_stride_pos + m] = B_e[u];
-      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxT; ++t) {
+      if (m >= N || t >= n) break;
+      C_s[t * N + m] = to_float(C_e[t]);
+      if (appends_B) B_ring[position(c + t) * p.Bc_stride_pos + m] = B_e[t];
     }
   }
   if (int(threadIdx.x) < heads) {
     A_s[threadIdx.x] = A;
     D_s[threadIdx.x] = D;
   }
+  // B_j . C_t takes a warp a token (below): each warp's first B is asked for here, each next one
+  // while the sums of a token are formed. Lane l takes the pieces of kPiece elements from n =
+  // kPiece (l + 32 v) (B and the B ring are aligned to them on the split path).
+  constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
+  using Piece = Pack<Act, kPiece>;
+  auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
+  auto load_B = [&](int j, Piece (&b)[kPieces]) {
+    const Act* B_j = j < c ? B_ring + position(j) * p.Bc_stride_pos : B_window + (j - c) * p.B_stride_token;
+#pragma unroll
+    for (int v = 0; v < kPieces; ++v)
+      b[v] = j < count && has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
+  };
   __syncthreads();
 
   // The weights of each (head, output t) pair over the tokens [first, c + t], and its decay: for
   // windows of up to 16 (32) tokens two heads (one head) a warp pass, lane 16 s + j (lane j)
-  // holding token j of head s for all the head's outputs (window_weights_short), else one pair a
-  // pass.
+  // holding token j of head s for all the head's outputs at once (window_weights_short), else one
+  // pair a pass.
   auto weigh_short = [&](auto width) {
     constexpr int kWidth = decltype(width)::value, kHeadsPerPass = 32 / kWidth;
     for (int k0 = kHeadsPerPass * warp; k0 < heads; k0 += kHeadsPerPass * warps) {
@@ -749,13 +777,9 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
       const bool has_head = kq < heads;
       const int k_s = has_head ? kq : 0;
       const float dt = j >= first && j < count ? dt_s[k_s * L + j] : 0.f;
-#pragma unroll
-      for (int t = 0; t < kMaxT; ++t) {
-        if (t >= n) break;
-        window_weights_short<kWidth>(dt, first, c + t + 1, A_s[k_s],
-                                     has_head ? coef + (k_s * T + t) * layout.coef_stride : nullptr,
-                                     has_head ? &decay[k_s][t] : nullptr);
-      }
+      window_weights_short<kWidth, kMaxT>(dt, first, c + 1, n, A_s[k_s],
+                                          has_head ? coef + k_s * T * layout.coef_stride : nullptr,
+                                          layout.coef_stride, has_head ? decay[k_s] : nullptr);
     }
   };
   if (layout.coef_stride == 16) {
@@ -775,16 +799,12 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
       window_weights(dt, first, c + t, A_s[kq], coef + (kq * T + t) * layout.coef_stride, &decay[kq][t]);
     }
   }
-  // B_j . C_t for every token and output, one warp per token, lane l taking the pieces of kPiece
-  // elements from n = kPiece (l + 32 v) (B and the B ring are aligned to them on the split path).
-  constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
-  using Piece = Pack<Act, kPiece>;
-  auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
+  // B_j . C_t for every token and output, a warp a token.
+  Piece b[kPieces];
+  load_B(first + warp, b);
   for (int j = first + warp; j < count; j += warps) {
-    const Act* B_j = j < c ? B_ring + position(j) * p.Bc_stride_pos : B_window + (j - c) * p.B_stride_token;
-    Piece b[kPieces];
-#pragma unroll
-    for (int v = 0; v < kPieces; ++v) b[v] = has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
+    Piece next[kPieces];
+    load_B(j + warps, next);
     float sums[kMaxT];
 #pragma unroll
     for (int t = 0; t < kMaxT; ++t) {
@@ -802,6 +822,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     transposed_sums<32, kMaxT>(sums, lane);
     const int t = held_value<32, kMaxT>(lane, 0);
     if (lane % (32 / kMaxT) == 0 && t < n) bc[t][j] = sums[0];
+#pragma unroll
+    for (int v = 0; v < kPieces; ++v) b[v] = next[v];
   }
   __syncthreads();
   // The history coefficients weight_{j,t} (B_j . C_t), with D added on each output's own token:
@@ -832,6 +854,19 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     for (int q = 0; q < kRows; ++q) hist[t][q] = 0.f;
   }
   if (has_rows) {
+    // The outputs' z, kGateTokens at a time (more would spill under the register cap with the
+    // sums); with 2-byte activations and up to kGateTokens outputs they are asked for before the
+    // sums (wider ones would spill there).
+    constexpr int kGateTokens = 4;
+    constexpr bool kEarlyZ = sizeof(Act) == 2 && kMaxT <= kGateTokens;
+    const Act* z_rows = static_cast<const Act*>(p.z) + row * p.z_stride_batch + h * p.z_stride_head + i;
+    auto load_z = [&](int t0, Rows (&z)[kGateTokens]) {
+#pragma unroll
+      for (int u = 0; u < kGateTokens; ++u)
+        if (t0 + u < n) z[u] = load_pack<Act, kRows>(z_rows + (t0 + u) * p.z_stride_token);
+    };
+    Rows z[kGateTokens];
+    if (kEarlyZ && p.z) load_z(0, z);
     const float* coef_k = coef + k * T * layout.coef_stride;
     for (int round_first = first; round_first < count; round_first += kStaged) {
       if (round_first > first) stage_x(round_first);  // a longer window: the next round of tokens
@@ -853,19 +888,10 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
         if (j >= c) store_pack(x_ring + position(j) * p.xc_stride_pos, x_j);
       }
     }
-    // kGateTokens tokens' z at a time (more would spill under the register cap with the sums).
-    constexpr int kGateTokens = 4;
 #pragma unroll
     for (int t0 = 0; t0 < kMaxT; t0 += kGateTokens) {
       if (!p.z || t0 >= n) break;
-      Rows z[kGateTokens];
-#pragma unroll
-      for (int u = 0; u < kGateTokens; ++u) {
-        const int t = t0 + u;
-        if (t < n)
-          z[u] = load_pack<Act, kRows>(static_cast<const Act*>(p.z) + row * p.z_stride_batch + t * p.z_stride_token +
-                                       h * p.z_stride_head + i);
-      }
+      if (!kEarlyZ || t0 > 0) load_z(t0, z);
 #pragma unroll
       for (int f0 = 0; f0 < kGateTokens * kRows; f0 += kPerToken) {
         if (t0 + f0 / kRows >= n) break;
@@ -1125,13 +1151,20 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
     });
   }
 
-  const int heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRows);
-  const int64_t threads = window_threads(heads, p.head_dim, kSpecWindowRows);
-  config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
+  auto ctas_a_row = [&](int heads) { return p.ngroups * ((p.heads_per_group + heads - 1) / heads); };
+  const int few_heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRowsFew);
+  const bool few = few_heads > 0 && p.batch * ctas_a_row(few_heads) <= kSpecWindowFewCtasPerSm * sm_count();
+  const int rows = few ? kSpecWindowRowsFew : kSpecWindowRowsMany;
+  const int heads = window_heads(p.heads_per_group, p.head_dim, rows);
+  const int64_t threads = window_threads(heads, p.head_dim, rows);
+  config.gridDim = dim3(unsigned(ctas_a_row(heads)), unsigned(p.batch));
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = size_t(spec_window_smem(threads, heads, p.window, p.buffer_len, p.state_dim).bytes);
   const auto window_kernel =
-      short_window ? spec::window_kernel<Act, spec::kShortWindow> : spec::window_kernel<Act, kMaxSpecWindow>;
+      short_window ? (few ? spec::window_kernel<Act, spec::kShortWindow, kSpecWindowRowsFew>
+                          : spec::window_kernel<Act, spec::kShortWindow, kSpecWindowRowsMany>)
+                   : (few ? spec::window_kernel<Act, kMaxSpecWindow, kSpecWindowRowsFew>
+                          : spec::window_kernel<Act, kMaxSpecWindow, kSpecWindowRowsMany>);
   allow_smem(window_kernel, int64_t(config.dynamicSmemBytes), kSpecWindowStaticBytes);
   REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 }
