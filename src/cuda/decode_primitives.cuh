@@ -660,8 +660,8 @@ __device__ __forceinline__ void window_weights(const float (&token_dt)[2], int f
 // lanes kWidth s + j take token j of the head of segment s (its effective dt: token_dt; weights and
 // decays null: a segment without a head). Window w's weights go to weights + w * weights_stride and
 // its decay to decays[w]. The same sums in the same order as window_weights, whose other lanes
-// only add zeros for such a window: the same weights to the bit. The windows' scans share each
-// level's shuffles round, and lane w forms window w's decay.
+// only add zeros for such a window: the same weights to the bit. The windows' scans go level by
+// level together, and lane w forms window w's decay.
 template <int kWidth, int kWindows>
 __device__ __forceinline__ void window_weights_short(float token_dt, int first, int count, int windows, float A,
                                                      float* weights, int weights_stride, float* decays) {

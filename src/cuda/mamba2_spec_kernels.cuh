@@ -752,9 +752,10 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     A_s[threadIdx.x] = A;
     D_s[threadIdx.x] = D;
   }
-  // B_j . C_t takes a warp a token (below): each warp's first B is asked for here, each next one
-  // while the sums of a token are formed. Lane l takes the pieces of kPiece elements from n =
-  // kPiece (l + 32 v) (B and the B ring are aligned to them on the split path).
+  // B_j . C_t takes a warp a token (below), each warp asking for its next token's B while it forms
+  // the sums of the current one (asked for before the weights, the first B would spill there).
+  // Lane l takes the pieces of kPiece elements from n = kPiece (l + 32 v) (B and the B ring are
+  // aligned to them on the split path).
   constexpr int kPiece = 4, kPieces = kMaxStateDim / (32 * kPiece);
   using Piece = Pack<Act, kPiece>;
   auto has_piece = [&](int v) { return kPiece * (lane + 32 * v) < N; };
