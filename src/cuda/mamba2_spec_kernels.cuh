@@ -860,8 +860,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) window_kernel(const SpecVer
     // sums (wider ones would spill there).
     constexpr int kGateTokens = 4;
     constexpr bool kEarlyZ = sizeof(Act) == 2 && kMaxT <= kGateTokens;
-    const Act* z_rows = static_cast<const Act*>(p.z) + row * p.z_stride_batch + h * p.z_stride_head + i;
-    auto load_z = [&](int t0, Rows (&z)[kGateTokens]) {
+    auto load_z = [&](int t0, Rows (&z)[kGateTokens]) {  // only where the call has z
+      const Act* z_rows = static_cast<const Act*>(p.z) + row * p.z_stride_batch + h * p.z_stride_head + i;
 #pragma unroll
       for (int u = 0; u < kGateTokens; ++u)
         if (t0 + u < n) z[u] = load_pack<Act, kRows>(z_rows + (t0 + u) * p.z_stride_token);
@@ -1156,7 +1156,7 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   const int few_heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRowsFew);
   const bool few = few_heads > 0 && p.batch * ctas_a_row(few_heads) <= kSpecWindowFewCtasPerSm * sm_count();
   const int rows = few ? kSpecWindowRowsFew : kSpecWindowRowsMany;
-  const int heads = window_heads(p.heads_per_group, p.head_dim, rows);
+  const int heads = few ? few_heads : window_heads(p.heads_per_group, p.head_dim, rows);
   const int64_t threads = window_threads(heads, p.head_dim, rows);
   config.gridDim = dim3(unsigned(ctas_a_row(heads)), unsigned(p.batch));
   config.blockDim = dim3(unsigned(threads));
