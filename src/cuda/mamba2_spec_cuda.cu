@@ -14,9 +14,10 @@ namespace {
 
 // Whole heads per CTA unless that leaves fewer than this many CTAs per SM, as in standard decode.
 constexpr int64_t kTargetCtasPerSm = 16;
-// The split path (a workspace, WindowKernel::kAuto) from this many verify CTAs per SM, as in
-// standard decode (mamba2_cuda.cu): below, the latency of three launches is not hidden.
-constexpr int64_t kSplitMinCtasPerSm = 12;
+// The split path (a workspace, WindowKernel::kAuto) from this many verify CTAs per SM: below, the
+// latency of its three launches is not hidden (Nemotron-H on an H100: the fused kernel faster at
+// batch 2, the split path from batch 3; notes/spec.md, v62).
+constexpr int64_t kSplitMinCtasPerSm = 5;
 constexpr int kRingThreads = 256;
 
 // The layout of standard decode (launch_shape.hpp), kept only if the window's token strides of B

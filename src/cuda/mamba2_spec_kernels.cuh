@@ -1153,10 +1153,14 @@ void launch_spec_split(const SpecVerifyParams& p, RowLayoutKind layout, int flus
   }
 
   auto ctas_a_row = [&](int heads) { return p.ngroups * ((p.heads_per_group + heads - 1) / heads); };
+  auto fits = [&](int heads) { return p.batch * ctas_a_row(heads) <= kSpecWindowFewCtasPerSm * sm_count(); };
   const int few_heads = window_heads(p.heads_per_group, p.head_dim, kSpecWindowRowsFew);
-  const bool few = few_heads > 0 && p.batch * ctas_a_row(few_heads) <= kSpecWindowFewCtasPerSm * sm_count();
+  const bool few = few_heads > 0 && fits(few_heads);
   const int rows = few ? kSpecWindowRowsFew : kSpecWindowRowsMany;
-  const int heads = few ? few_heads : window_heads(p.heads_per_group, p.head_dim, rows);
+  int heads = few ? few_heads : window_heads(p.heads_per_group, p.head_dim, rows);
+  while (few && heads > 1 && window_threads((heads + 1) / 2, p.head_dim, rows) >= kSpecWindowFewMinThreads &&
+         fits((heads + 1) / 2))
+    heads = (heads + 1) / 2;
   const int64_t threads = window_threads(heads, p.head_dim, rows);
   config.gridDim = dim3(unsigned(ctas_a_row(heads)), unsigned(p.batch));
   config.blockDim = dim3(unsigned(threads));

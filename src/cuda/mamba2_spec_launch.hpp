@@ -92,11 +92,15 @@ inline int spec_dot_flush_part_rows(const SpecVerifyParams& p, const DotShape& d
 // The split path's window kernel: each thread takes kSpecWindowRowsMany head_dim rows of one head,
 // or kSpecWindowRowsFew where the grid of such CTAs (twice the threads a window, each with about
 // half the chain) is at most kSpecWindowFewCtasPerSm an SM: there each CTA's chain is the step's
-// tail (two an SM were slower with a bf16 state at batch 32: notes/spec.md, v61). Its shared
-// memory holds each thread's staged x (kWindowStagedBytes), then floats: each head's coefficients
-// of each output (heads x T x coef_stride: 16 for L <= 16, the tokens window_weights_short<16>
-// covers, else 64), the window's C (T x N) and each head's effective dt of every token (heads x L).
+// tail (two an SM were slower with a bf16 state at batch 32: notes/spec.md, v61). Such a grid
+// takes half the heads a CTA while it still fits and each CTA keeps kSpecWindowFewMinThreads
+// threads: more SMs share the work, and fewer warps would lengthen each warp's share of the
+// B_j . C_t tokens (notes/spec.md, v62). Its shared memory holds each thread's staged x
+// (kWindowStagedBytes), then floats: each head's coefficients of each output (heads x T x
+// coef_stride: 16 for L <= 16, the tokens window_weights_short<16> covers, else 64), the window's
+// C (T x N) and each head's effective dt of every token (heads x L).
 constexpr int kSpecWindowRowsMany = 4, kSpecWindowRowsFew = 2, kSpecWindowFewCtasPerSm = 1;
+constexpr int kSpecWindowFewMinThreads = 256;
 // Its static shared memory: B_j . C_t of every token and output, each head's decays and scalars.
 constexpr int64_t kSpecWindowStaticBytes = (kMaxSpecWindow * kMaxBufferLen + kMaxWindowHeads * (kMaxSpecWindow + 2)) * 4;
 struct SpecWindowSmem {
