@@ -68,7 +68,8 @@ std::vector<SpecRolloutConfig> nemotron_cases() {
 // inputs take too much of the tile (fp32 activations, L = 64). A bf16 state with bf16 activations
 // takes the other rows' dots on the tensor cores (N = 128, 64 and 256 with 2, 3 and 8 tokens). 81
 // rows of 64 one-head groups are more window CTAs than an H200 holds at once (8- and 16-byte x packs):
-// they take four head_dim rows a window thread, the smaller cases two (kSpecWindowRowsFew).
+// they take four head_dim rows a window thread, the smaller cases two (kSpecWindowRowsFew), with
+// half a group's heads a window CTA (Nemotron-H 8 of 16, Nemotron Nano 4B 6 of 12).
 std::vector<SpecRolloutConfig> split_cases() {
   std::vector<SpecRolloutConfig> c = nemotron_cases();
   c.push_back(config(kMamba2_2p7b, 8, 24, DT::kBFloat16, DT::kFloat16, Acceptance::kMixed));
