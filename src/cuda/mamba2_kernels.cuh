@@ -100,12 +100,15 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 // last one this step's) into the checkpoint rows of its heads,
 //   S_i = decay S0_i + sum_j weight_j x_j[i] B_j,
 // stores them (rounded to nearest) and writes out_i = (S_i . C + D x_i) silu(z_i). The window is
-// staged, as stored, at the end of the CTA's shared memory (16-byte aligned), past the tile's
-// first part_rows rows (x and z of capacity tile rows; see dot_flush_window_bytes: C and B, x and
-// z make L + 1 rows each) while those rows land; fold_staged_tile (on the tensor cores where
-// kTensorFold) folds the tile part by part.
+// staged, as stored, past the tile's first part_rows rows (x and z of capacity tile rows; see
+// dot_flush_window_bytes: C and B, x and z make L + 1 rows each) while those rows land, ending
+// where the tile's bytes end (the split path, as the speculative dot kernel's) or, in the one
+// kernel (kOneKernel), where the CTA's shared memory ends (one_kernel_smem may give it more than
+// the tile; 16-byte aligned). fold_staged_tile (on the tensor cores where kTensorFold) folds the
+// tile part by part. The split path's placement at the tile's end measured 0.5-0.8% faster than at
+// the shared memory's end (fp32 state, batch 16-32: notes/cuda.md, v67).
 // state: the CTA's first checkpoint row (head d.first_head, row d.first of the slot).
-template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold>
+template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold, bool kOneKernel>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, S* state,
                                             int heads, int capacity, int part_rows, unsigned char* smem,
                                             bool barrier_ready) {
@@ -116,8 +119,10 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
   const int lane = threadIdx.x % Ly::kLanes, group = threadIdx.x / Ly::kLanes, warp = threadIdx.x / 32;
   S* tile = reinterpret_cast<S*>(smem + kTileOffset);
   const uint32_t window_bytes = uint32_t(dot_flush_window_bytes(heads, capacity, N, L + 1, sizeof(Act)));
+  const uint32_t window_end =
+      kOneKernel ? dynamic_smem_bytes() : uint32_t(kTileOffset + tile_bytes(capacity, N, sizeof(S)));
   float* weights =
-      reinterpret_cast<float*>(smem + ((dynamic_smem_bytes() - window_bytes) & ~15u));  // (heads, kMaxBufferLen)
+      reinterpret_cast<float*>(smem + ((window_end - window_bytes) & ~15u));  // (heads, kMaxBufferLen)
   float* head_s = weights + heads * kMaxBufferLen;  // (heads, 4): decay, D
   Act* C_s = reinterpret_cast<Act*>(head_s + heads * 4);
   const int n_pitch = int(dot_flush_n_pitch(N, sizeof(Act)));
@@ -426,8 +431,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
   if (cursor == int(p.buffer_len) - 1) {  // part_rows 0: the flush kernel's (always for 8-bit checkpoints)
     if constexpr (!CheckpointFormat<S>::kScaled)
       if (part_rows > 0)
-        flush_heads<S, Act, kKind, kTensorFold>(p, d, slot, state, heads_per_cta, tile_rows, part_rows, smem,
-                                                kWindow);
+        flush_heads<S, Act, kKind, kTensorFold, kWindow>(p, d, slot, state, heads_per_cta, tile_rows, part_rows,
+                                                         smem, kWindow);
     return;
   }
   start_heads_tile_load<true>(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N,

@@ -58,11 +58,12 @@ constexpr int64_t dot_window_smem_bytes(int64_t heads, int64_t rows, int64_t sta
   return dot_smem_bytes(heads, rows, state_dim, state_bytes) + (heads * (kMaxBufferLen + 1) + kMaxBufferLen) * 4;
 }
 
-// A flush row's CTA in a dot kernel stages its window at the end of its shared memory, past its
-// tile's first part (the rows it folds at a time), in 16-byte pieces: each head's weights
-// (kMaxBufferLen floats) and four floats (its decay first), then, as stored, `staged_rows` rows of
-// N values (B of each token, and C in standard decode; pitch dot_flush_n_pitch) and as many rows
-// of the CTA's tile rows (x of each token, and z in standard decode; pitch dot_flush_x_pitch).
+// A flush row's CTA in a dot kernel stages its window at the end of its tile's bytes (the one
+// kernel's: of its shared memory), past its tile's first part (the rows it folds at a time), in
+// 16-byte pieces: each head's weights (kMaxBufferLen floats) and four floats (its decay first),
+// then, as stored, `staged_rows` rows of N values (B of each token, and C in standard decode;
+// pitch dot_flush_n_pitch) and as many rows of the CTA's tile rows (x of each token, and z in
+// standard decode; pitch dot_flush_x_pitch).
 constexpr int64_t dot_flush_x_pitch(int64_t tile_rows, int64_t act_bytes) {
   return round16(tile_rows * act_bytes) / act_bytes;
 }
