@@ -106,12 +106,12 @@ __global__ void __launch_bounds__(kThreads, kBaselineMinCtasPerSm<S, kKind>) sta
 // kernel (kOneKernel), where the CTA's shared memory ends (one_kernel_smem may give it more than
 // the tile; 16-byte aligned). fold_staged_tile (on the tensor cores where kTensorFold) folds the
 // tile part by part. The split path's placement at the tile's end measured 0.5-0.8% faster than at
-// the shared memory's end (fp32 state, batch 16-32: notes/cuda.md, v67).
+// the shared memory's end (fp32 state, batch 16-32: notes/cuda.md, v67). The one kernel set up
+// the tile's barrier at entry; the split path's dot kernel has not.
 // state: the CTA's first checkpoint row (head d.first_head, row d.first of the slot).
 template <typename S, typename Act, RowLayoutKind kKind, bool kTensorFold, bool kOneKernel>
 __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta& d, int64_t slot, S* state,
-                                            int heads, int capacity, int part_rows, unsigned char* smem,
-                                            bool barrier_ready) {
+                                            int heads, int capacity, int part_rows, unsigned char* smem) {
   using Ly = Layout<S, kKind>;
   static_assert(!CheckpointFormat<S>::kScaled, "8-bit checkpoints keep the flush kernel");
   uint64_t* barrier = reinterpret_cast<uint64_t*>(smem);
@@ -133,7 +133,7 @@ __device__ __forceinline__ void flush_heads(const ReplayParams& p, const DotCta&
 
   const int g = d.first_head / int(p.heads_per_group);
   start_heads_tile_load<true>(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, min(part_rows, tile_rows),
-                              N, barrier, L2Hint::kEvictFirst, barrier_ready);
+                              N, barrier, L2Hint::kEvictFirst, kOneKernel);
   // The window by asynchronous copies of 4 elements: C, B_j (cached, then this step's), x_j and z
   // of the tile rows.
   auto stage = [](Act* dst, const Act* src) { copy_pack_async(reinterpret_cast<Pack<Act, 4>*>(dst), src); };
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
     if constexpr (!CheckpointFormat<S>::kScaled)
       if (part_rows > 0)
         flush_heads<S, Act, kKind, kTensorFold, kWindow>(p, d, slot, state, heads_per_cta, tile_rows, part_rows,
-                                                         smem, kWindow);
+                                                         smem);
     return;
   }
   start_heads_tile_load<true>(tile, state, p.state_stride_head, p.state_stride_p, rows, 0, heads_per_cta * rows, N,
