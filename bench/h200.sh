@@ -3,10 +3,16 @@
 # Logs go to $OUT (default ./out).
 # Stages (any subset, in order): build tests sanitize tune bench spec
 # tune reads L (default 16), BATCHES (1,8,32,128,512), ROWS (chunks: 0,16,32,64) and ROUTE (auto).
+# REQUIRE (e.g. H200): run no stage unless the GPU's name contains it, so that a device call that
+# was given another GPU costs only its start.
 set -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 log() { tee -a "$OUT/$1"; }
+if [[ -n ${REQUIRE:-} ]] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$REQUIRE"; then
+  echo "$(nvidia-smi --query-gpu=name --format=csv,noheader) is not an $REQUIRE: no stage run" | log gpu.log
+  exit 0
+fi
 for stage in "$@"; do
   case $stage in
     build)

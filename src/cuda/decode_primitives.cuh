@@ -166,6 +166,10 @@ template <typename T, int K> __device__ __forceinline__ void copy_pack_async(Pac
 }
 // This thread's asynchronous copies have landed and are visible to it.
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Closes a group of this thread's asynchronous copies; groups land in the order they were closed.
+__device__ __forceinline__ void close_async_group() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Every group of this thread's asynchronous copies but the last closed one has landed.
+__device__ __forceinline__ void wait_async_groups_but_last() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 // The bytes of dynamic shared memory the CTA was launched with.
 __device__ __forceinline__ uint32_t dynamic_smem_bytes() {

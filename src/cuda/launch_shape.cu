@@ -83,6 +83,12 @@ int window_rows_per_thread(const ReplayParams& p) {
   return ctas >= kWindowRowsManyCtasPerSm * sm_count() ? kWindowRowsMany : kWindowRowsFew;
 }
 
+bool window_one_round(const ReplayParams& p, int64_t ctas, int64_t threads, int rows, int part_rows) {
+  const int64_t smem = window_smem_bytes(threads, rows, dtype_size(p.act_dtype), p.buffer_len, p.state_dim, true);
+  return part_rows > 0 && ctas <= kWindowOneRoundCtasPerSm * sm_count() &&
+         smem + kWindowStaticBytes <= shared_bytes_per_cta(kWindowOneRoundCtasPerSm);
+}
+
 int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta) {
   return p.batch * p.nheads * ((p.head_dim + rows_per_cta - 1) / rows_per_cta);
 }

@@ -46,6 +46,15 @@ int rows_per_cta_for(const Mamba2Params& p, RowLayoutKind kind, int64_t requeste
 // kWindowRowsFew.
 int window_rows_per_thread(const ReplayParams& p);
 
+// Whether the split path's window kernel, a grid of `ctas` CTAs of `threads` threads of `rows` rows
+// each, takes its window in one round (kOneRound): where the grid has at most
+// kWindowOneRoundCtasPerSm CTAs an SM, so that they all start beside the dot kernel's last CTAs and
+// their chain is the step's tail, where no flush kernel follows (part_rows > 0), and where that many
+// CTAs with the round's shared memory fit an SM. At four and eight CTAs an SM (Nemotron-H batch 64
+// and 128) and beside the flush kernel the one round was up to 6% slower (H100, notes/cuda.md, v69).
+constexpr int64_t kWindowOneRoundCtasPerSm = 2;
+bool window_one_round(const ReplayParams& p, int64_t ctas, int64_t threads, int rows, int part_rows);
+
 // CTAs of a grid of (row, head, chunk of rows_per_cta rows).
 int64_t ctas_for(const Mamba2Params& p, int64_t rows_per_cta);
 

@@ -485,13 +485,18 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) checkpoint_dot_kernel
 // rows are left to the dot or the flush kernel. Every CTA waits for the dot kernel before it
 // exits, so that this kernel's completion implies that one's. Its registers are capped at 64 (two
 // CTAs of kWindowThreads an SM): eight 128-thread CTAs an SM take a batch of 128 rows in one wave.
-template <typename Act, int kRows>
+// kOneRound (a grid of few CTAs an SM, window_one_round): the window's cached x and B come by
+// asynchronous copies into shared memory, kWindowOneRoundTokens tokens a round, all asked for
+// once the cursor is known; otherwise each thread stages kWindowStagedBytes of its x a round and
+// each warp loads B two tokens at a time, what eight CTAs an SM run faster (notes/cuda.md, v69).
+template <typename Act, int kRows, bool kOneRound>
 __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const ReplayParams p, int heads_per_cta) {
   __shared__ float coef[kMaxWindowHeads][kMaxBufferLen];  // each head's weights, then weight_j (B_j . C)
   __shared__ float decay[kMaxWindowHeads], D_s[kMaxWindowHeads], A_s[kMaxWindowHeads],
       bias_s[kMaxWindowHeads], raw_now_s[kMaxWindowHeads];
   __shared__ float bc[kMaxBufferLen];  // B_j . C
-  extern __shared__ __align__(16) unsigned char window_smem[];  // each thread's staged cached x
+  // Each thread's staged cached x, then (kOneRound) a round of the window's B: window_smem_bytes.
+  extern __shared__ __align__(16) unsigned char window_smem[];
   allow_dependent_launch();  // the flush kernel may start its loads now
   using Rows = Pack<Act, kRows>;
   const int warps = int(blockDim.x) / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -561,15 +566,38 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
   if (cursor < 0 || cursor >= L - 1) return wait_for_prior_kernel();
   const int count = cursor + 1;
 
-  // The first tokens of this thread's cached x, copied into shared memory (no registers held).
+  // The first tokens of this thread's cached x, copied into shared memory (no registers held), and
+  // with kOneRound, in a group of copies before them, the first tokens of the group's B (this step's
+  // at the cursor).
   Act* x_hist = static_cast<Act*>(p.x_cache) + slot * p.xc_stride_slot + h * p.xc_stride_head + i;
-  constexpr int kStaged = kWindowStagedBytes / int(sizeof(Rows));  // cached tokens staged a round
+  constexpr int kStaged = kOneRound ? kWindowOneRoundTokens : kWindowStagedBytes / int(sizeof(Rows));  // a round
+  // A round's tokens: all kStaged, each under a test, in a few rounds' loops (fully unrolled); only
+  // those before the cursor in one round's (a fully unrolled one of kWindowOneRoundTokens tests was
+  // 2-5% slower at L = 16, batch 16-32).
+  constexpr int kUnroll = kOneRound ? 4 : kStaged;
+  auto round_tokens = [&](int first) { return kOneRound ? min(kStaged, cursor - first) : kStaged; };
   Rows* x_staged = reinterpret_cast<Rows*>(window_smem) + threadIdx.x;  // round token u: [u * blockDim.x]
   auto stage_x = [&](int first) {
-#pragma unroll
-    for (int u = 0; u < kStaged; ++u)
+#pragma unroll kUnroll
+    for (int u = 0; u < round_tokens(first); ++u)
       if (first + u < cursor) copy_pack_async(x_staged + u * blockDim.x, x_hist + (first + u) * p.xc_stride_pos);
   };
+  const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
+  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;  // (L, N)
+  const int pieces = N / kPiece;
+  // (kOneRound) round tokens x pieces, past every thread's staged x (whose tokens are at most L - 1)
+  Piece* B_staged = reinterpret_cast<Piece*>(window_smem + blockDim.x * min(L - 1, kStaged) * sizeof(Rows));
+  auto stage_B = [&](int first) {
+    const int tokens = min(count - first, kStaged);
+    for (int e = threadIdx.x; e < tokens * pieces; e += blockDim.x) {
+      const int u = e / pieces, j = first + u;
+      copy_pack_async(B_staged + e, (j < cursor ? B_hist + j * p.Bc_stride_pos : B_now) + kPiece * (e - u * pieces));
+    }
+  };
+  if constexpr (kOneRound) {
+    stage_B(0);
+    close_async_group();
+  }
   if (has_rows) stage_x(0);
   if (head_thread) {  // the head's scalars for the CTA; its raw dt appended
     raw_now_s[threadIdx.x] = raw_now;
@@ -598,38 +626,66 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     }
   }
   // B_j . C for every token of the window, one warp per token (this step's B for the cursor's).
-  const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
-  Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;  // (L, N)
-  for (int j0 = warp; j0 < count; j0 += 2 * warps) {  // two tokens' loads in flight
-    Piece b[2][kPieces];
+  if constexpr (kOneRound) {
+    int first = 0;
+    for (;; first += kStaged) {
+      if (first == 0) wait_async_groups_but_last();  // not the cached x
+      else wait_async_copies();
+      __syncthreads();  // the round's B has landed
+      for (int j = first + warp; j < min(count, first + kStaged); j += warps) {
+        float sum[1] = {0.f};
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const int j = j0 + t * warps;
-      const Act* B_j = j < cursor ? B_hist + j * p.Bc_stride_pos : B_now;
+        for (int v = 0; v < kPieces; ++v) {
+          if (!has_piece(v)) continue;
+          float b[kPiece];
+          widen_pack(B_staged[(j - first) * pieces + lane + 32 * v], b);
 #pragma unroll
-      for (int v = 0; v < kPieces; ++v)
-        b[t][v] = j < count && has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
-    }
-    float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int v = 0; v < kPieces; ++v) {
-        float bf[kPiece];
-        widen_pack(b[t][v], bf);
-#pragma unroll
-        for (int e = 0; e < kPiece; ++e) sum[t] = fmaf(bf[e], c[v][e], sum[t]);
+          for (int e = 0; e < kPiece; ++e) sum[0] = fmaf(b[e], c[v][e], sum[0]);
+        }
+        row_group_sums<32>(sum);
+        if (lane == 0) bc[j] = sum[0];
       }
+      if (first + kStaged >= count) break;
+      __syncthreads();  // the round's B is read
+      stage_B(first + kStaged);
     }
-    row_group_sums<32>(sum);
+    if (first_head == group * hpg) {  // the group's first head appends B (the last round's, at the cursor)
+      for (int v = threadIdx.x; v < pieces; v += blockDim.x)
+        store_pack(B_hist + cursor * p.Bc_stride_pos + kPiece * v, B_staged[(cursor - first) * pieces + v]);
+    }
+    __syncthreads();
+  } else {
+    for (int j0 = warp; j0 < count; j0 += 2 * warps) {  // two tokens' loads in flight
+      Piece b[2][kPieces];
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
-      if (lane == 0 && j0 + t * warps < count) bc[j0 + t * warps] = sum[t];
+      for (int t = 0; t < 2; ++t) {
+        const int j = j0 + t * warps;
+        const Act* B_j = j < cursor ? B_hist + j * p.Bc_stride_pos : B_now;
+#pragma unroll
+        for (int v = 0; v < kPieces; ++v)
+          b[t][v] = j < count && has_piece(v) ? load_pack<Act, kPiece>(B_j + kPiece * (lane + 32 * v)) : Piece{};
+      }
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int v = 0; v < kPieces; ++v) {
+          float bf[kPiece];
+          widen_pack(b[t][v], bf);
+#pragma unroll
+          for (int e = 0; e < kPiece; ++e) sum[t] = fmaf(bf[e], c[v][e], sum[t]);
+        }
+      }
+      row_group_sums<32>(sum);
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+        if (lane == 0 && j0 + t * warps < count) bc[j0 + t * warps] = sum[t];
+    }
+    if (first_head == group * hpg) {  // the group's first head appends B
+      for (int n = threadIdx.x; n < N; n += blockDim.x) B_hist[cursor * p.Bc_stride_pos + n] = B_now[n];
+    }
+    __syncthreads();
   }
-  if (first_head == group * hpg) {  // the group's first head appends B
-    for (int n = threadIdx.x; n < N; n += blockDim.x) B_hist[cursor * p.Bc_stride_pos + n] = B_now[n];
-  }
-  __syncthreads();
   // The history coefficients weight_j (B_j . C), in place of the weights.
   for (int e = threadIdx.x; e < heads * count; e += blockDim.x) {
     const int kq = e / count, j = e - kq * count;
@@ -652,8 +708,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     for (int first = 0; first < cursor; first += kStaged) {
       if (first > 0) stage_x(first);  // a longer window: the next round of this thread's tokens
       wait_async_copies();
-#pragma unroll
-      for (int u = 0; u < kStaged; ++u)
+#pragma unroll kUnroll
+      for (int u = 0; u < round_tokens(first); ++u)
         if (first + u < cursor) add(first + u, x_staged[u * blockDim.x]);
     }
 #pragma unroll

@@ -126,13 +126,19 @@ void launch_replay_decode(const ReplayParams& p, RowLayoutKind layout, int rows_
   const int heads = window_heads(p.heads_per_group, p.head_dim, window_rows);
   config.gridDim = dim3(unsigned(p.ngroups * ((p.heads_per_group + heads - 1) / heads)), unsigned(p.batch));
   const int64_t threads = window_threads(heads, p.head_dim, window_rows);
+  const bool one_round =
+      window_one_round(p, int64_t(config.gridDim.x) * config.gridDim.y, threads, window_rows, part_rows);
+  const int64_t window_smem =
+      window_smem_bytes(threads, window_rows, sizeof(Act), p.buffer_len, p.state_dim, one_round);
   config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = size_t(window_smem_bytes(threads));
+  config.dynamicSmemBytes = size_t(window_smem);
   config.attrs = &after_previous;
   config.numAttrs = 1;
   const auto window_kernel =
-      window_rows == kWindowRowsMany ? replay_window_kernel<Act, kWindowRowsMany> : replay_window_kernel<Act, kWindowRowsFew>;
-  allow_smem(window_kernel, window_smem_bytes(threads));
+      window_rows == kWindowRowsMany
+          ? (one_round ? replay_window_kernel<Act, kWindowRowsMany, true> : replay_window_kernel<Act, kWindowRowsMany, false>)
+          : (one_round ? replay_window_kernel<Act, kWindowRowsFew, true> : replay_window_kernel<Act, kWindowRowsFew, false>);
+  allow_smem(window_kernel, window_smem, kWindowStaticBytes);
   REPLAYSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, window_kernel, p, heads));
 
   if (part_rows > 0) return;  // the dot kernel folded the flush rows

@@ -105,15 +105,24 @@ constexpr int64_t flush_smem_bytes(int64_t rows_per_cta, int64_t state_dim, int6
 // group); each thread `rows` consecutive head_dim rows of one head (kWindowRowsFew or
 // kWindowRowsMany; head_dim a multiple of it), each warp the weights of up to kWindowHeadsPerWarp
 // heads, each thread the cached x of up to kWindowStagedBytes at a time, copied into its own
-// shared memory. Many rows a thread take fewer instructions, few rows a shorter chain: a grid of
-// fewer window CTAs than kWindowRowsManyCtasPerSm per SM takes few (notes/cuda.md, v12).
+// shared memory (in one round: up to kWindowOneRoundTokens tokens, and as many of B). Many rows a
+// thread take fewer instructions, few rows a shorter chain: a grid of fewer window CTAs than
+// kWindowRowsManyCtasPerSm per SM takes few (notes/cuda.md, v12).
 constexpr int kWindowThreads = 512;
 constexpr int kMaxWindowHeads = 16;
 constexpr int kWindowRowsFew = 4, kWindowRowsMany = 8;
 constexpr int kWindowRowsManyCtasPerSm = 1;
 constexpr int kWindowHeadsPerWarp = 4;
 constexpr int kWindowStagedBytes = 128;
-constexpr int64_t window_smem_bytes(int64_t threads) { return threads * kWindowStagedBytes; }
+constexpr int kWindowOneRoundTokens = 32;
+// The window kernel's static shared memory, rounded up (ptxas reports 4,736 bytes).
+constexpr int64_t kWindowStaticBytes = 5 * 1024;
+constexpr int64_t window_smem_bytes(int64_t threads, int64_t rows, int64_t act_bytes, int64_t buffer_len,
+                                    int64_t state_dim, bool one_round) {
+  if (!one_round) return threads * kWindowStagedBytes;
+  auto round = [](int64_t tokens) { return tokens < kWindowOneRoundTokens ? tokens : int64_t(kWindowOneRoundTokens); };
+  return threads * round(buffer_len - 1) * rows * act_bytes + round(buffer_len) * state_dim * act_bytes;
+}
 constexpr int64_t window_threads(int64_t heads, int64_t head_dim, int64_t rows) {
   const int64_t for_rows = (heads * head_dim / rows + 31) / 32 * 32;
   const int64_t for_weights = (heads + kWindowHeadsPerWarp - 1) / kWindowHeadsPerWarp * 32;
