@@ -585,8 +585,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
   const Act* B_now = static_cast<const Act*>(p.B) + row * p.B_stride_batch + group * p.B_stride_group;
   Act* B_hist = static_cast<Act*>(p.B_cache) + slot * p.Bc_stride_slot + group * p.Bc_stride_group;  // (L, N)
   const int pieces = N / kPiece;
-  // (kOneRound) round tokens x pieces, past every thread's staged x (whose tokens are at most L - 1)
-  Piece* B_staged = reinterpret_cast<Piece*>(window_smem + blockDim.x * min(L - 1, kStaged) * sizeof(Rows));
+  // (kOneRound) round tokens x pieces, past every thread's staged x (window_smem_bytes)
+  Piece* B_staged = reinterpret_cast<Piece*>(window_smem + blockDim.x * window_round_tokens(L - 1) * sizeof(Rows));
   auto stage_B = [&](int first) {
     const int tokens = min(count - first, kStaged);
     for (int e = threadIdx.x; e < tokens * pieces; e += blockDim.x) {

@@ -117,11 +117,16 @@ constexpr int kWindowStagedBytes = 128;
 constexpr int kWindowOneRoundTokens = 32;
 // The window kernel's static shared memory, rounded up (ptxas reports 4,736 bytes).
 constexpr int64_t kWindowStaticBytes = 5 * 1024;
+// Of `tokens` tokens, those one round takes: a thread's staged cached x (buffer_len - 1 tokens),
+// then the window's B (buffer_len tokens).
+constexpr int window_round_tokens(int tokens) {
+  return tokens < kWindowOneRoundTokens ? tokens : kWindowOneRoundTokens;
+}
 constexpr int64_t window_smem_bytes(int64_t threads, int64_t rows, int64_t act_bytes, int64_t buffer_len,
                                     int64_t state_dim, bool one_round) {
   if (!one_round) return threads * kWindowStagedBytes;
-  auto round = [](int64_t tokens) { return tokens < kWindowOneRoundTokens ? tokens : int64_t(kWindowOneRoundTokens); };
-  return threads * round(buffer_len - 1) * rows * act_bytes + round(buffer_len) * state_dim * act_bytes;
+  return threads * window_round_tokens(int(buffer_len - 1)) * rows * act_bytes +
+         window_round_tokens(int(buffer_len)) * state_dim * act_bytes;
 }
 constexpr int64_t window_threads(int64_t heads, int64_t head_dim, int64_t rows) {
   const int64_t for_rows = (heads * head_dim / rows + 31) / 32 * 32;
