@@ -599,6 +599,9 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     close_async_group();
   }
   if (has_rows) stage_x(0);
+  // Closed too, so that waiting for all groups but the last waits for B's: copies in no closed
+  // group are not waited for by a group wait.
+  if constexpr (kOneRound) close_async_group();
   if (head_thread) {  // the head's scalars for the CTA; its raw dt appended
     raw_now_s[threadIdx.x] = raw_now;
     A_s[threadIdx.x] = A;
