@@ -540,6 +540,14 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
     const Piece q = has_piece(v) ? load_pack<Act, kPiece>(C_now + kPiece * (lane + 32 * v)) : Piece{};
     widen_pack(q, c[v]);
   }
+  // sum + (piece v of B_j) . (piece v of C)
+  auto add_piece_dot = [&](const Piece& b_v, int v, float sum) {
+    float b[kPiece];
+    widen_pack(b_v, b);
+#pragma unroll
+    for (int e = 0; e < kPiece; ++e) sum = fmaf(b[e], c[v][e], sum);
+    return sum;
+  };
 
   const int64_t slot = device_slot(p, row);
   if (slot < 0) return wait_for_prior_kernel();
@@ -638,13 +646,8 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
       for (int j = first + warp; j < min(count, first + kStaged); j += warps) {
         float sum[1] = {0.f};
 #pragma unroll
-        for (int v = 0; v < kPieces; ++v) {
-          if (!has_piece(v)) continue;
-          float b[kPiece];
-          widen_pack(B_staged[(j - first) * pieces + lane + 32 * v], b);
-#pragma unroll
-          for (int e = 0; e < kPiece; ++e) sum[0] = fmaf(b[e], c[v][e], sum[0]);
-        }
+        for (int v = 0; v < kPieces; ++v)
+          if (has_piece(v)) sum[0] = add_piece_dot(B_staged[(j - first) * pieces + lane + 32 * v], v, sum[0]);
         row_group_sums<32>(sum);
         if (lane == 0) bc[j] = sum[0];
       }
@@ -672,12 +675,7 @@ __global__ void __launch_bounds__(kWindowThreads, 2) replay_window_kernel(const 
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
 #pragma unroll
-        for (int v = 0; v < kPieces; ++v) {
-          float bf[kPiece];
-          widen_pack(b[t][v], bf);
-#pragma unroll
-          for (int e = 0; e < kPiece; ++e) sum[t] = fmaf(bf[e], c[v][e], sum[t]);
-        }
+        for (int v = 0; v < kPieces; ++v) sum[t] = add_piece_dot(b[t][v], v, sum[t]);
       }
       row_group_sums<32>(sum);
 #pragma unroll
