@@ -29,29 +29,32 @@ for stage in "$@"; do
       wait
       cat "$OUT"/tests-[0-5].log | grep -E '^\[  (PASSED|FAILED) |tests from .* ran|FAILED' | log tests.log ;;
     sanitize)
-      # memcheck and racecheck on every CUDA test. A sanitizer runs a rollout tens of times slower
-      # (racecheck: minutes for one Nemotron-H rollout), so the rollouts of replayssm_tests go in
-      # gtest shards run side by side (MEMCHECK_SHARDS, default 4; RACECHECK_SHARDS, default 10),
-      # each stopped after LIMIT seconds (default 450: with the build, one device call); each log
-      # ends with its tool's summary. A shard the limit stops is named in sanitize.log: run the
-      # tests it did not finish on their own (--gtest_filter).
+      # memcheck and racecheck on every CUDA test, one compute-sanitizer process a test case, at most
+      # SANITIZE_JOBS (12) at once (more run the GPU out of memory), the longest rollouts first (a
+      # Nemotron-H or long-buffer rollout takes minutes under racecheck), every process stopped at
+      # one deadline, LIMIT seconds (default 450) after the stage starts. FILTER (default *cuda*)
+      # picks the cases of replayssm_tests. sanitize.log has a line a case: its tool, its name, and
+      # passed, FAILED or stopped with the tool's summary; run the stopped ones again by FILTER.
       mkdir -p "$OUT/sanitize"
-      for tool in memcheck racecheck; do
-        shards_var=${tool^^}_SHARDS
-        shards=${!shards_var:-$([[ $tool == memcheck ]] && echo 4 || echo 10)}
-        timeout "${LIMIT:-450}" compute-sanitizer --tool $tool --error-exitcode 3 \
-          ./build-h200/tests/replayssm_cuda_tests > "$OUT/sanitize/$tool-cuda_tests.log" 2>&1 &
-        for ((k = 0; k < shards; ++k)); do
-          GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k timeout "${LIMIT:-450}" \
-            compute-sanitizer --tool $tool --error-exitcode 3 ./build-h200/tests/replayssm_tests \
-            --gtest_filter="${FILTER:-*cuda*}" > "$OUT/sanitize/$tool-tests-$k.log" 2>&1 &
-        done
-      done
-      wait
+      export SANITIZE_DEADLINE=$(($(date +%s) + ${LIMIT:-450})) SANITIZE_OUT="$OUT/sanitize"
+      cases=$(./build-h200/tests/replayssm_tests --gtest_list_tests --gtest_filter="${FILTER:-*cuda*}" |
+        awk '/^[^ ]/ { suite = $1 } /^  / { print suite $1 }')
+      { echo "replayssm_cuda_tests *"
+        grep -E 'nemotronh|LongBuffer|WideBatch|mamba2_2p7b' <<< "$cases" | sed 's/^/replayssm_tests /'
+        grep -vE 'nemotronh|LongBuffer|WideBatch|mamba2_2p7b' <<< "$cases" | sed 's/^/replayssm_tests /'
+      } | awk '{ print "memcheck", $0; print "racecheck", $0 }' | nl -w1 -s' ' |
+        xargs -P "${SANITIZE_JOBS:-12}" -L1 bash -c '
+          log="$SANITIZE_OUT/$0.log"; echo "$1 $2 $3" > "$log"; left=$((SANITIZE_DEADLINE - $(date +%s)))
+          if ((left < 10)); then echo "not started: no time left" >> "$log"; exit 0; fi
+          timeout $left compute-sanitizer --tool $1 --error-exitcode 3 ./build-h200/tests/$2 \
+            --gtest_filter="$3" >> "$log" 2>&1'
       for f in "$OUT"/sanitize/*.log; do
-        echo "$(basename "$f"): $(grep -cE '^\[       OK \]' "$f") passed, $(grep -cE '^\[  FAILED  \]' "$f") failed," \
-          "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1)$(grep -qE 'tests? from .* ran\.' "$f" || echo ' (stopped by LIMIT)')"
-      done | log sanitize.log ;;
+        if grep -q '^not started' "$f"; then status="not started"
+        elif grep -qE 'tests? from .* ran\.' "$f"; then
+          status="$(grep -cE '^\[       OK \]' "$f") passed, $(grep -cE '^\[  FAILED  \]' "$f") FAILED, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1)"
+        else status="stopped by LIMIT"; fi
+        echo "$(head -1 "$f"): $status"
+      done | sort | log sanitize.log ;;
     spec)
       # Speculative decoding: the oracle check, then the sweep of the speculative bar (T = 4, all
       # drafts accepted, is the Nemotron-H target; T = 2 and 8 and a random acceptance for context).
