@@ -33,8 +33,9 @@ for stage in "$@"; do
       # SANITIZE_JOBS (12) at once (more run the GPU out of memory), the longest rollouts first (a
       # Nemotron-H or long-buffer rollout takes minutes under racecheck), every process stopped at
       # one deadline, LIMIT seconds (default 450) after the stage starts. FILTER (default *cuda*)
-      # picks the cases of replayssm_tests. sanitize.log has a line a case: its tool, its name, and
-      # passed, FAILED or stopped with the tool's summary; run the stopped ones again by FILTER.
+      # picks the cases of replayssm_tests. sanitize.log has a line a case: its tool and name, then
+      # its passed and FAILED counts with the tool's summary, "stopped by LIMIT" or "not started";
+      # run those again by FILTER.
       mkdir -p "$OUT/sanitize"
       export SANITIZE_DEADLINE=$(($(date +%s) + ${LIMIT:-450})) SANITIZE_OUT="$OUT/sanitize"
       cases=$(./build-h200/tests/replayssm_tests --gtest_list_tests --gtest_filter="${FILTER:-*cuda*}" |
