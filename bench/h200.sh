@@ -40,9 +40,9 @@ for stage in "$@"; do
       export SANITIZE_DEADLINE=$(($(date +%s) + ${LIMIT:-450})) SANITIZE_OUT="$OUT/sanitize"
       cases=$(./build-h200/tests/replayssm_tests --gtest_list_tests --gtest_filter="${FILTER:-*cuda*}" |
         awk '/^[^ ]/ { suite = $1 } /^  / { print suite $1 }')
+      long='nemotronh|LongBuffer|WideBatch|mamba2_2p7b'
       { echo "replayssm_cuda_tests *"
-        grep -E 'nemotronh|LongBuffer|WideBatch|mamba2_2p7b' <<< "$cases" | sed 's/^/replayssm_tests /'
-        grep -vE 'nemotronh|LongBuffer|WideBatch|mamba2_2p7b' <<< "$cases" | sed 's/^/replayssm_tests /'
+        { grep -E "$long" <<< "$cases"; grep -vE "$long" <<< "$cases"; } | sed 's/^/replayssm_tests /'
       } | awk '{ print "memcheck", $0; print "racecheck", $0 }' | nl -w1 -s' ' |
         xargs -P "${SANITIZE_JOBS:-12}" -L1 bash -c '
           log="$SANITIZE_OUT/$0.log"; echo "$1 $2 $3" > "$log"; left=$((SANITIZE_DEADLINE - $(date +%s)))
