@@ -45,7 +45,7 @@ def report(path, least_batch):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="least_batch", type=int, default=128, help="least batch fitted")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
